@@ -1,0 +1,1 @@
+//! Fake LLM providers (OpenAI-compatible, Anthropic, Gemini) steered by the upstream model name.

@@ -1,0 +1,3 @@
+//! waygate-host: a proxy-wasm host on wasmtime that behaves like Envoy, plus fake providers.
+
+pub mod fakes;

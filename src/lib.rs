@@ -1,0 +1,1 @@
+//! waygate: an OpenAI-compatible LLM gateway as a proxy-wasm HTTP filter.

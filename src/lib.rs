@@ -1,1 +1,36 @@
 //! waygate: an OpenAI-compatible LLM gateway as a proxy-wasm HTTP filter.
+//!
+//! A request's life, and the module that owns each step:
+//!
+//! 1. [`shell`] (wasm only) receives Envoy's callbacks and is the only code
+//!    that talks to the host. It hands what it read to an [`exchange::Exchange`]
+//!    and applies what comes back.
+//! 2. Request headers: cluster and `x-waygate-*` headers are stripped from
+//!    every request; under `base_path`, [`auth`] checks the bearer key against
+//!    SHA-256 digests, then endpoint, method, content type and size.
+//! 3. Request body: [`request`] validates it, [`routing`] resolves the model
+//!    to candidates and applies the routing object, [`providers`] translates
+//!    it for the chosen provider's API.
+//! 4. Response: a stream goes through [`stream`] (one [`sse`] framer, one
+//!    provider translator, OpenAI chunks out); a JSON answer or an error is
+//!    buffered and reshaped by [`answer`] or into an [`errors::ApiError`].
+//! 5. The access log line comes from [`exchange::Exchange::access_log`].
+//!
+//! [`config`] parses the plugin configuration once per VM.
+
+pub mod answer;
+pub mod auth;
+pub mod config;
+pub mod errors;
+pub mod exchange;
+pub mod glob;
+pub mod ids;
+pub mod providers;
+pub mod request;
+pub mod routing;
+pub mod sse;
+pub mod stream;
+pub mod usage;
+
+#[cfg(target_arch = "wasm32")]
+mod shell;

@@ -1,1 +1,121 @@
-fn main() {}
+//! `waygate-host -c <bootstrap.yaml> [--concurrency N] [--log-level LEVEL]` runs the host
+//! until SIGINT/SIGTERM; `waygate-host fake-providers --listen ADDR` runs the fakes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use waygate_host::{HostOptions, LogLevel};
+
+const USAGE: &str = "usage:
+  waygate-host -c <bootstrap.yaml> [--concurrency N] [--log-level trace|debug|info|warn|error|critical]
+  waygate-host fake-providers --listen 127.0.0.1:PORT";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("waygate-host: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    if args.first().map(String::as_str) == Some("fake-providers") {
+        let mut listen = None;
+        let mut rest = args.iter().skip(1);
+        while let Some(arg) = rest.next() {
+            match arg.as_str() {
+                "--listen" => listen = rest.next().cloned(),
+                other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+            }
+        }
+        let listen = listen.ok_or_else(|| format!("--listen is required\n{USAGE}"))?;
+        let addr = listen.parse().map_err(|e| format!("--listen {listen}: {e}"))?;
+        return waygate_host::fakes::run_blocking(addr).map_err(|e| e.to_string());
+    }
+    let mut config = None;
+    let mut options = HostOptions::default();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let mut value = || {
+            rest.next()
+                .cloned()
+                .ok_or_else(|| format!("{arg} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "-c" | "--config-path" => config = Some(PathBuf::from(value()?)),
+            "--concurrency" => {
+                let text = value()?;
+                options.concurrency = text
+                    .parse()
+                    .map_err(|_| format!("--concurrency {text}: not a number"))?;
+            }
+            "--log-level" => {
+                let text = value()?;
+                options.log_level =
+                    LogLevel::parse(&text).ok_or_else(|| format!("--log-level {text}: unknown level"))?;
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+        }
+    }
+    let config = config.ok_or_else(|| format!("-c <bootstrap.yaml> is required\n{USAGE}"))?;
+    let yaml = std::fs::read_to_string(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let mut host = waygate_host::start(&yaml, options).map_err(|e| e.to_string())?;
+    let mut names: Vec<String> = Vec::new();
+    for listener in listener_names(&yaml) {
+        if let Some(addr) = host.listener_addr(&listener) {
+            names.push(format!("listener {listener} on http://{addr}"));
+        }
+    }
+    for line in names {
+        eprintln!("waygate-host: {line}");
+    }
+    if let Some(addr) = host.admin_addr() {
+        eprintln!("waygate-host: admin on http://{addr}");
+    }
+    eprintln!("waygate-host: ready");
+    wait_for_signal()?;
+    eprintln!("waygate-host: shutting down");
+    host.shutdown();
+    Ok(())
+}
+
+/// Listener names in file order, for the ready message.
+fn listener_names(yaml: &str) -> Vec<String> {
+    let Ok(value) = serde_yaml::from_str::<serde_yaml::Value>(yaml) else {
+        return Vec::new();
+    };
+    value
+        .get("static_resources")
+        .and_then(|s| s.get("listeners"))
+        .and_then(|l| l.as_sequence())
+        .map(|listeners| {
+            listeners
+                .iter()
+                .filter_map(|l| l.get("name").and_then(|n| n.as_str()).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn wait_for_signal() -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        Ok(())
+    })
+}

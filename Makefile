@@ -1,0 +1,47 @@
+# waygate: build the filter (.wasm) and the host, run the gateway, test, lint.
+# Everything native builds with --release: one wasmtime build serves tests, run and bench.
+
+CARGO  ?= cargo
+WASM   := target/wasm32-wasip1/wasm/waygate.wasm
+HOST   := target/release/waygate-host
+LISTEN ?= 127.0.0.1:8080
+FAKES  ?= 127.0.0.1:8081
+
+.PHONY: all toolchain build wasm host run test lint bench clean
+
+all: build
+
+# RUSTUP_AUTO_INSTALL=0 on our machines: install the pinned toolchain and target explicitly.
+toolchain:
+	@rustup toolchain install >/dev/null 2>&1 || rustup toolchain install
+
+wasm: toolchain
+	$(CARGO) build --target wasm32-wasip1 --profile wasm -p waygate
+
+host: toolchain
+	$(CARGO) build --release -p waygate-host
+
+build: wasm host
+	@echo "built $(WASM) ($$(wc -c < $(WASM)) bytes) and $(HOST)"
+
+# The gateway on $(LISTEN) with the fake providers on $(FAKES); no API keys needed.
+run: build
+	@echo ""
+	@echo "waygate on http://$(LISTEN)/api/v1 (dev key: wg-dev-key). Try:"
+	@echo "  curl -s http://$(LISTEN)/api/v1/chat/completions -H 'authorization: Bearer wg-dev-key' \\"
+	@echo "       -H 'content-type: application/json' -d '{\"model\":\"fake/ok\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
+	@echo ""
+	@$(HOST) fake-providers --listen $(FAKES) & fakes=$$!; \
+	  trap 'kill $$fakes 2>/dev/null' EXIT INT TERM; \
+	  $(HOST) -c envoy/local.yaml
+
+test: build
+	$(CARGO) test --release --workspace
+
+lint: toolchain
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --target wasm32-wasip1 -p waygate --lib -- -D warnings
+
+clean:
+	$(CARGO) clean

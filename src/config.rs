@@ -1,0 +1,498 @@
+//! Plugin configuration (contract §8): a raw serde mirror that refuses unknown
+//! fields, validated into [`Config`] with every problem reported at once.
+//!
+//! Validation is deterministic and side-effect free because Envoy runs
+//! `on_configure` on a throw-away canary VM and again on every worker. The
+//! environment lookup is passed in, so the same code runs natively in tests.
+
+use serde::{Deserialize, Deserializer};
+
+use crate::glob::Glob;
+
+/// Which wire API a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    Openai,
+    Anthropic,
+    Gemini,
+}
+
+impl Api {
+    fn default_path_prefix(self) -> &'static str {
+        match self {
+            Api::Openai | Api::Anthropic => "/v1",
+            Api::Gemini => "/v1beta",
+        }
+    }
+}
+
+/// A validated configuration, ready for requests.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub routing_field: String,
+    pub base_path: String,
+    pub cluster_header: String,
+    pub max_request_bytes: u64,
+    pub max_provider_tries: u32,
+    pub keys: Vec<Key>,
+    pub providers: Vec<Provider>,
+    pub models: Vec<Model>,
+}
+
+/// A client key: its digest, what it may use and its limits.
+#[derive(Debug, Clone)]
+pub struct Key {
+    pub id: String,
+    pub sha256: [u8; 32],
+    /// `None`: every model.
+    pub models: Option<Vec<Glob>>,
+    pub requests_per_minute: Option<u64>,
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// An upstream provider.
+#[derive(Debug, Clone)]
+pub struct Provider {
+    pub id: String,
+    pub api: Api,
+    pub cluster: String,
+    pub authority: String,
+    pub path_prefix: String,
+    /// `None` when `api_key_env` names a variable the VM does not have: the
+    /// provider is then never a candidate (so `make run` works with no keys).
+    pub credential: Option<String>,
+    /// Where the credential comes from, for messages (never the value).
+    pub credential_source: String,
+    pub legacy_completions: bool,
+    pub timeout_ms: u64,
+    pub default_max_tokens: u64,
+}
+
+/// A model id served by an ordered list of provider endpoints.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub id: String,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// One provider serving a model under its own upstream model name.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// Index into [`Config::providers`].
+    pub provider: usize,
+    pub model: String,
+}
+
+impl Config {
+    pub fn provider(&self, id: &str) -> Option<(usize, &Provider)> {
+        self.providers.iter().enumerate().find(|(_, p)| p.id == id)
+    }
+
+    /// Parses and validates the plugin configuration. `env` looks up a VM
+    /// environment variable. On failure, every problem found is returned.
+    pub fn parse(json: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Vec<String>> {
+        let raw: RawConfig = match serde_json::from_slice(json) {
+            Ok(raw) => raw,
+            Err(e) => return Err(vec![format!("configuration is not valid: {e}")]),
+        };
+        raw.validate(env)
+    }
+}
+
+// ---- the raw mirror -------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    routing_field: Option<String>,
+    base_path: Option<String>,
+    cluster_header: Option<String>,
+    #[serde(default, deserialize_with = "whole_number")]
+    max_request_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
+    max_provider_tries: Option<u64>,
+    #[serde(default)]
+    keys: Vec<RawKey>,
+    #[serde(default)]
+    providers: Vec<RawProvider>,
+    #[serde(default)]
+    models: Vec<RawModel>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    id: String,
+    sha256: String,
+    models: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "whole_number")]
+    requests_per_minute: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
+    tokens_per_minute: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    id: String,
+    api: Api,
+    cluster: String,
+    authority: String,
+    path_prefix: Option<String>,
+    api_key_env: Option<String>,
+    api_key: Option<String>,
+    legacy_completions: Option<bool>,
+    #[serde(default, deserialize_with = "whole_number")]
+    timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
+    default_max_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    id: String,
+    endpoints: Vec<RawEndpoint>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEndpoint {
+    provider: String,
+    model: String,
+}
+
+/// Accepts `5` and `5.0`: an Istio `pluginConfig` is a protobuf Struct, whose
+/// numbers arrive as doubles.
+fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let n = Option::<f64>::deserialize(d)?;
+    match n {
+        None => Ok(None),
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= 9_007_199_254_740_992.0 => Ok(Some(f as u64)),
+        Some(f) => Err(serde::de::Error::custom(format!(
+            "expected a whole number >= 0, got {f}"
+        ))),
+    }
+}
+
+const DEFAULT_MAX_REQUEST_BYTES: u64 = 4 * 1024 * 1024;
+const DEFAULT_MAX_PROVIDER_TRIES: u64 = 3;
+const DEFAULT_TIMEOUT_MS: u64 = 300_000;
+const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+impl RawConfig {
+    fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Vec<String>> {
+        let mut problems = Vec::new();
+
+        let routing_field = self.routing_field.unwrap_or_else(|| "waygate".into());
+        if routing_field.is_empty() {
+            problems.push("routing_field: must not be empty".into());
+        }
+        let base_path = self.base_path.unwrap_or_else(|| "/api/v1".into());
+        if !base_path.starts_with('/') || base_path.ends_with('/') || base_path.contains(['?', '#']) {
+            problems.push(format!(
+                "base_path: {base_path:?} must start with '/' and not end with '/'"
+            ));
+        }
+        let cluster_header = self.cluster_header.unwrap_or_else(|| "x-waygate-cluster".into());
+        if !is_header_name(&cluster_header) {
+            problems.push(format!(
+                "cluster_header: {cluster_header:?} is not a lowercase header name"
+            ));
+        }
+        let max_request_bytes = self.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES);
+        if max_request_bytes == 0 {
+            problems.push("max_request_bytes: must be at least 1".into());
+        }
+        let max_provider_tries = self.max_provider_tries.unwrap_or(DEFAULT_MAX_PROVIDER_TRIES);
+        if max_provider_tries == 0 || max_provider_tries > 100 {
+            problems.push("max_provider_tries: must be between 1 and 100".into());
+        }
+
+        let providers = validate_providers(self.providers, env, &mut problems);
+        let models = validate_models(self.models, &providers, &mut problems);
+        let keys = validate_keys(self.keys, &mut problems);
+
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Config {
+            routing_field,
+            base_path,
+            cluster_header,
+            max_request_bytes,
+            max_provider_tries: u32::try_from(max_provider_tries).unwrap_or(u32::MAX),
+            keys,
+            providers,
+            models,
+        })
+    }
+}
+
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+fn validate_providers(
+    raw: Vec<RawProvider>,
+    env: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Vec<String>,
+) -> Vec<Provider> {
+    let mut providers: Vec<Provider> = Vec::with_capacity(raw.len());
+    for (i, p) in raw.into_iter().enumerate() {
+        let at = format!("providers[{i}] ({:?})", p.id);
+        if p.id.is_empty() || p.id.contains('/') || p.id.contains(',') || p.id.contains(':') {
+            problems.push(format!("{at}: id must be non-empty without '/', ',' or ':'"));
+        }
+        if providers.iter().any(|q| q.id == p.id) {
+            problems.push(format!("{at}: duplicate provider id"));
+        }
+        if p.cluster.is_empty() {
+            problems.push(format!("{at}: cluster must not be empty"));
+        }
+        if p.authority.is_empty() || p.authority.contains(['/', ' ']) {
+            problems.push(format!("{at}: authority must be a host[:port]"));
+        }
+        let path_prefix = p.path_prefix.unwrap_or_else(|| p.api.default_path_prefix().to_string());
+        if !(path_prefix.is_empty() || path_prefix.starts_with('/') && !path_prefix.ends_with('/')) {
+            problems.push(format!(
+                "{at}: path_prefix {path_prefix:?} must start with '/' and not end with '/'"
+            ));
+        }
+        let (credential, credential_source) = match (p.api_key_env, p.api_key) {
+            (Some(var), None) => (
+                env(&var).filter(|v| !v.is_empty()),
+                format!("environment variable {var}"),
+            ),
+            (None, Some(key)) => (Some(key), "api_key".to_string()),
+            _ => {
+                problems.push(format!("{at}: exactly one of api_key_env and api_key is required"));
+                (None, String::new())
+            }
+        };
+        if p.legacy_completions == Some(true) && p.api != Api::Openai {
+            problems.push(format!("{at}: legacy_completions is only for api \"openai\""));
+        }
+        let timeout_ms = p.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+        if timeout_ms == 0 {
+            problems.push(format!("{at}: timeout_ms must be at least 1"));
+        }
+        let default_max_tokens = p.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        if default_max_tokens == 0 {
+            problems.push(format!("{at}: default_max_tokens must be at least 1"));
+        }
+        providers.push(Provider {
+            id: p.id,
+            api: p.api,
+            cluster: p.cluster,
+            authority: p.authority,
+            path_prefix,
+            credential,
+            credential_source,
+            legacy_completions: p.legacy_completions.unwrap_or(false),
+            timeout_ms,
+            default_max_tokens,
+        });
+    }
+    providers
+}
+
+fn validate_models(raw: Vec<RawModel>, providers: &[Provider], problems: &mut Vec<String>) -> Vec<Model> {
+    let mut models: Vec<Model> = Vec::with_capacity(raw.len());
+    for (i, m) in raw.into_iter().enumerate() {
+        let at = format!("models[{i}] ({:?})", m.id);
+        match m.id.split_once('/') {
+            Some((p, rest)) if !p.is_empty() && !rest.is_empty() => {}
+            _ => problems.push(format!("{at}: id must look like <provider>/<model>")),
+        }
+        if models.iter().any(|q| q.id == m.id) {
+            problems.push(format!("{at}: duplicate model id"));
+        }
+        if m.endpoints.is_empty() {
+            problems.push(format!("{at}: endpoints must not be empty"));
+        }
+        let mut endpoints = Vec::with_capacity(m.endpoints.len());
+        for (j, e) in m.endpoints.into_iter().enumerate() {
+            if e.model.is_empty() {
+                problems.push(format!("{at}.endpoints[{j}]: model must not be empty"));
+            }
+            match providers.iter().position(|p| p.id == e.provider) {
+                Some(provider) => endpoints.push(Endpoint {
+                    provider,
+                    model: e.model,
+                }),
+                None => problems.push(format!("{at}.endpoints[{j}]: unknown provider {:?}", e.provider)),
+            }
+        }
+        models.push(Model { id: m.id, endpoints });
+    }
+    models
+}
+
+fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Vec<Key> {
+    let mut keys: Vec<Key> = Vec::with_capacity(raw.len());
+    for (i, k) in raw.into_iter().enumerate() {
+        let at = format!("keys[{i}] ({:?})", k.id);
+        if k.id.is_empty() {
+            problems.push(format!("{at}: id must not be empty"));
+        }
+        if keys.iter().any(|q| q.id == k.id) {
+            problems.push(format!("{at}: duplicate key id"));
+        }
+        let sha256 = match parse_digest(&k.sha256) {
+            Some(d) => d,
+            None => {
+                problems.push(format!("{at}: sha256 must be 64 lowercase hex digits"));
+                [0; 32]
+            }
+        };
+        if keys.iter().any(|q| q.sha256 == sha256) && sha256 != [0; 32] {
+            problems.push(format!("{at}: duplicate sha256"));
+        }
+        for (name, v) in [
+            ("requests_per_minute", k.requests_per_minute),
+            ("tokens_per_minute", k.tokens_per_minute),
+        ] {
+            if v == Some(0) {
+                problems.push(format!("{at}: {name} must be at least 1"));
+            }
+        }
+        keys.push(Key {
+            id: k.id,
+            sha256,
+            models: k.models.map(|globs| globs.iter().map(|g| Glob::new(g)).collect()),
+            requests_per_minute: k.requests_per_minute,
+            tokens_per_minute: k.tokens_per_minute,
+        });
+    }
+    keys
+}
+
+fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (slot, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let hi = hex_value(*pair.first()?)?;
+        let lo = hex_value(*pair.get(1)?)?;
+        *slot = hi << 4 | lo;
+    }
+    Some(out)
+}
+
+fn hex_value(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIGEST: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn the_contract_example_parses() {
+        let json = format!(
+            r#"{{"routing_field":"waygate","base_path":"/api/v1","cluster_header":"x-waygate-cluster",
+            "max_request_bytes":4194304,"max_provider_tries":3,
+            "keys":[{{"id":"team-a","sha256":"{DIGEST}","models":["openai/*","anthropic/claude-3-5-haiku"],
+              "requests_per_minute":600,"tokens_per_minute":200000}}],
+            "providers":[
+              {{"id":"openai","api":"openai","cluster":"openai","authority":"api.openai.com","path_prefix":"/v1",
+                "api_key_env":"OPENAI_API_KEY","legacy_completions":true,"timeout_ms":300000}},
+              {{"id":"anthropic","api":"anthropic","cluster":"anthropic","authority":"api.anthropic.com",
+                "path_prefix":"/v1","api_key_env":"ANTHROPIC_API_KEY","default_max_tokens":4096}},
+              {{"id":"gemini","api":"gemini","cluster":"gemini","authority":"generativelanguage.googleapis.com",
+                "path_prefix":"/v1beta","api_key":"literal-for-dev-only"}},
+              {{"id":"groq","api":"openai","cluster":"groq","authority":"api.groq.com","api_key":"g"}},
+              {{"id":"together","api":"openai","cluster":"together","authority":"api.together.xyz","api_key":"t"}}],
+            "models":[{{"id":"meta-llama/llama-3.1-70b","endpoints":[
+              {{"provider":"groq","model":"llama-3.1-70b-versatile"}},
+              {{"provider":"together","model":"meta-llama/Meta-Llama-3.1-70B-Instruct-Turbo"}}]}}]}}"#
+        );
+        let env = |name: &str| (name == "OPENAI_API_KEY").then(|| "sk-real".to_string());
+        let c = Config::parse(json.as_bytes(), &env).unwrap();
+        assert_eq!(c.providers.len(), 5);
+        assert_eq!(c.providers[0].credential.as_deref(), Some("sk-real"));
+        assert_eq!(c.providers[1].credential, None, "unset env var: provider unavailable");
+        assert_eq!(c.providers[2].path_prefix, "/v1beta");
+        assert_eq!(c.models[0].endpoints[1].provider, 4);
+        assert_eq!(c.keys[0].sha256[0], 0x9f);
+        assert_eq!(c.max_provider_tries, 3);
+    }
+
+    #[test]
+    fn defaults_apply_to_an_empty_config() {
+        let c = Config::parse(b"{}", &no_env).unwrap();
+        assert_eq!(c.routing_field, "waygate");
+        assert_eq!(c.base_path, "/api/v1");
+        assert_eq!(c.cluster_header, "x-waygate-cluster");
+        assert_eq!(c.max_request_bytes, 4 * 1024 * 1024);
+    }
+
+    #[test]
+    fn doubles_from_an_istio_struct_are_accepted() {
+        let c = Config::parse(br#"{"max_request_bytes": 1024.0, "max_provider_tries": 2.0}"#, &no_env).unwrap();
+        assert_eq!(c.max_request_bytes, 1024);
+        assert_eq!(c.max_provider_tries, 2);
+        assert!(Config::parse(br#"{"max_request_bytes": 1.5}"#, &no_env).is_err());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = Config::parse(br#"{"max_tries": 3}"#, &no_env).unwrap_err();
+        assert!(err[0].contains("unknown field `max_tries`"), "{err:?}");
+        let err = Config::parse(
+            br#"{"providers":[{"id":"a","api":"openai","cluster":"c","authority":"h","api_key":"k","colour":"red"}]}"#,
+            &no_env,
+        )
+        .unwrap_err();
+        assert!(err[0].contains("colour"), "{err:?}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let json = br#"{"base_path":"api/","providers":[
+            {"id":"a","api":"openai","cluster":"c","authority":"h","api_key":"k"},
+            {"id":"a","api":"openai","cluster":"","authority":"h"}],
+            "models":[{"id":"x/y","endpoints":[{"provider":"nope","model":"m"}]}],
+            "keys":[{"id":"k","sha256":"ABC"}]}"#;
+        let err = Config::parse(json, &no_env).unwrap_err();
+        let all = err.join("\n");
+        for needle in [
+            "base_path",
+            "duplicate provider id",
+            "cluster must not be empty",
+            "exactly one of api_key_env",
+            "unknown provider \"nope\"",
+            "64 lowercase hex",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in {all}");
+        }
+        assert_eq!(err.len(), 6, "{all}");
+    }
+
+    #[test]
+    fn an_unknown_api_is_refused() {
+        let err = Config::parse(
+            br#"{"providers":[{"id":"a","api":"cohere","cluster":"c","authority":"h","api_key":"k"}]}"#,
+            &no_env,
+        )
+        .unwrap_err();
+        assert!(err[0].contains("cohere"), "{err:?}");
+    }
+}

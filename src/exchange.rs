@@ -1,0 +1,753 @@
+//! The life of one request, as a state machine the shell drives.
+//!
+//! Each method takes what the host showed in one callback and returns what
+//! to change: headers to remove or set, a body, or a local reply. Nothing
+//! here calls the host, so the whole request path runs natively in tests.
+//!
+//! Phases: request headers (contract §4 checks up to the size) → request body
+//! (parse, resolve, authorise, route, translate) → response headers (stream
+//! or buffer) → response body (translate) → access log.
+
+use std::rc::Rc;
+
+use serde_json::{Value, json};
+
+use crate::answer::{self, Stamp};
+use crate::auth;
+use crate::config::{Config, Provider};
+use crate::errors::{ApiError, ErrorType};
+use crate::ids::new_id;
+use crate::providers::{self, UpstreamRequest};
+use crate::request::{self, Operation, ParsedRequest};
+use crate::routing::{self, Candidate};
+use crate::stream::StreamRewriter;
+use crate::usage::Usage;
+
+/// A header name and value to set.
+pub type Header = (String, String);
+
+/// A local reply: the filter answers without (further) upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<Header>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    fn error(e: &ApiError) -> Reply {
+        Reply {
+            status: e.status,
+            headers: e.headers(),
+            body: e.body(),
+        }
+    }
+}
+
+/// What to do at the end of the request headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadersAction {
+    /// Not ours (outside `base_path`): let it through.
+    Continue,
+    /// Answer now.
+    Reply(Reply),
+    /// Hold the headers and read the whole body.
+    ReadBody,
+}
+
+/// Result of the request-headers phase. `remove` always applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadersStep {
+    pub remove: Vec<String>,
+    pub action: HeadersAction,
+}
+
+/// The rewritten request to send upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    /// Applied first.
+    pub remove: Vec<String>,
+    /// Applied after `remove`; each replaces any existing value.
+    pub set: Vec<Header>,
+    pub body: Vec<u8>,
+}
+
+/// What to do at the end of the response headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResponseAction {
+    /// Not ours to touch (our own reply, or a request we passed through).
+    Continue,
+    /// A live stream: apply these edits, continue, then call
+    /// [`Exchange::on_stream_body`] for each chunk.
+    Stream { remove: Vec<String>, set: Vec<Header> },
+    /// Hold the headers, buffer the whole body, then call
+    /// [`Exchange::on_buffered_body`].
+    Buffer,
+}
+
+/// The final shape of a buffered answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rewrite {
+    pub status: u16,
+    pub remove: Vec<String>,
+    pub set: Vec<Header>,
+    pub body: Vec<u8>,
+}
+
+/// Facts about the upstream response the shell reads in its headers callback.
+#[derive(Debug, Clone, Default)]
+pub struct ResponseHead<'a> {
+    pub status: u16,
+    pub content_type: Option<&'a [u8]>,
+    pub retry_after: Option<&'a [u8]>,
+    /// Envoy's `response.code_details`: `via_upstream` for a real upstream
+    /// answer; router-made replies (connect failure, timeout) say otherwise.
+    pub code_details: Option<&'a str>,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Start,
+    PassThrough,
+    Replied,
+    ReadingBody(Operation),
+    Upstream,
+    Streaming,
+    Buffering {
+        status: u16,
+        retry_after: Option<String>,
+        router_error: bool,
+        event_stream: bool,
+    },
+    Done,
+}
+
+/// One request's state.
+pub struct Exchange {
+    config: Rc<Config>,
+    phase: Phase,
+    key_id: Option<String>,
+    title: Option<String>,
+    referer: Option<String>,
+    request: Option<ParsedRequest>,
+    stamp: Option<Stamp>,
+    /// The provider currently serving, and every attempt made so far.
+    provider: Option<usize>,
+    attempts: Vec<(usize, String)>,
+    stream: Option<StreamRewriter>,
+    status: u16,
+    usage: Option<Usage>,
+}
+
+const HOP_HEADERS_TO_DROP: [&str; 3] = ["authorization", "accept-encoding", "content-length"];
+
+impl Exchange {
+    pub fn new(config: Rc<Config>) -> Exchange {
+        Exchange {
+            config,
+            phase: Phase::Start,
+            key_id: None,
+            title: None,
+            referer: None,
+            request: None,
+            stamp: None,
+            provider: None,
+            attempts: Vec::new(),
+            stream: None,
+            status: 0,
+            usage: None,
+        }
+    }
+
+    /// Request headers, as lowercase name / raw value pairs (pseudo-headers
+    /// included). `end_of_stream`: the request has no body.
+    pub fn on_request_headers(&mut self, pairs: &[(Vec<u8>, Vec<u8>)], end_of_stream: bool) -> HeadersStep {
+        let cfg = Rc::clone(&self.config);
+        let header = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k.as_slice() == name.as_bytes())
+                .map(|(_, v)| v.as_slice())
+        };
+        let mut remove: Vec<String> = Vec::new();
+        for (name, _) in pairs {
+            let Ok(name) = std::str::from_utf8(name) else { continue };
+            if (name.starts_with("x-waygate-") || name == cfg.cluster_header) && !remove.iter().any(|r| r == name) {
+                remove.push(name.to_string());
+            }
+        }
+        let path = header(":path").unwrap_or_default();
+        let path = path.split(|b| *b == b'?').next().unwrap_or_default();
+        let Some(sub) = under_base(path, cfg.base_path.as_bytes()) else {
+            self.phase = Phase::PassThrough;
+            return HeadersStep {
+                remove,
+                action: HeadersAction::Continue,
+            };
+        };
+        self.title = header("x-title").map(printable);
+        self.referer = header("http-referer").map(printable);
+        let action = match self.check_head(&cfg, sub, &header, end_of_stream) {
+            Ok(Some(op)) => {
+                self.phase = Phase::ReadingBody(op);
+                HeadersAction::ReadBody
+            }
+            Ok(None) => HeadersAction::Reply(self.reply(self.models_listing())),
+            Err(e) => HeadersAction::Reply(self.reply_error(&e)),
+        };
+        HeadersStep { remove, action }
+    }
+
+    /// Contract §4 checks that need only the headers, in order. `Ok(None)`:
+    /// the models listing.
+    fn check_head<'h>(
+        &mut self,
+        cfg: &Config,
+        sub: &[u8],
+        header: &dyn Fn(&str) -> Option<&'h [u8]>,
+        end_of_stream: bool,
+    ) -> Result<Option<Operation>, ApiError> {
+        let token = auth::bearer_token(header("authorization"))?;
+        let key = auth::authenticate(&cfg.keys, token)?;
+        self.key_id = Some(key.id.clone());
+
+        let method = header(":method").unwrap_or_default();
+        let (op, allowed) = match sub {
+            b"/chat/completions" => (Some(Operation::Chat), "POST"),
+            b"/completions" => (Some(Operation::Completions), "POST"),
+            b"/models" => (None, "GET"),
+            _ => {
+                return Err(ApiError::new(
+                    404,
+                    ErrorType::InvalidRequest,
+                    "unknown_endpoint",
+                    format!("Unknown endpoint '{}'.", String::from_utf8_lossy(sub)),
+                ));
+            }
+        };
+        if method != allowed.as_bytes() {
+            let mut e = ApiError::new(
+                405,
+                ErrorType::InvalidRequest,
+                "method_not_allowed",
+                format!("Method not allowed; use {allowed}."),
+            );
+            e.allow = Some(allowed);
+            return Err(e);
+        }
+        let Some(op) = op else { return Ok(None) };
+
+        if !is_json(header("content-type")) {
+            return Err(ApiError::new(
+                415,
+                ErrorType::InvalidRequest,
+                "unsupported_media_type",
+                "Content-Type must be application/json.",
+            ));
+        }
+        let declared = header("content-length")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > cfg.max_request_bytes) {
+            return Err(too_large(cfg.max_request_bytes));
+        }
+        if end_of_stream {
+            return Err(ApiError::bad_request("invalid_json", "body", "Request body is empty.").without_param());
+        }
+        Ok(Some(op))
+    }
+
+    /// A request body chunk arrived; `total` bytes are buffered so far.
+    /// Returns a reply when the body is already too large.
+    pub fn on_request_body_progress(&mut self, total: usize) -> Option<Reply> {
+        if !matches!(self.phase, Phase::ReadingBody(_)) {
+            return None;
+        }
+        if u64::try_from(total).unwrap_or(u64::MAX) > self.config.max_request_bytes {
+            let e = too_large(self.config.max_request_bytes);
+            return Some(self.reply_error(&e));
+        }
+        None
+    }
+
+    /// Whether the shell should read the body at all (false after a reply).
+    pub fn wants_body(&self) -> bool {
+        matches!(self.phase, Phase::ReadingBody(_))
+    }
+
+    /// The whole request body is here. `now` is unix seconds.
+    pub fn on_request_body(&mut self, body: &[u8], now: u64) -> Result<Forward, Reply> {
+        let Phase::ReadingBody(op) = self.phase else {
+            return Err(self.reply_error(&internal("request body in an unexpected phase")));
+        };
+        match self.route(op, body, now) {
+            Ok(forward) => {
+                self.phase = Phase::Upstream;
+                Ok(forward)
+            }
+            Err(e) => Err(self.reply_error(&e)),
+        }
+    }
+
+    fn route(&mut self, op: Operation, body: &[u8], now: u64) -> Result<Forward, ApiError> {
+        let cfg = Rc::clone(&self.config);
+        if u64::try_from(body.len()).unwrap_or(u64::MAX) > cfg.max_request_bytes {
+            return Err(too_large(cfg.max_request_bytes));
+        }
+        let request = request::parse(op, body)?;
+        let defaults = routing::resolve(&cfg, &request.model)?;
+        let key = cfg.keys.iter().find(|k| Some(&k.id) == self.key_id.as_ref());
+        if key.is_some_and(|k| !auth::may_use(k, &request.model)) {
+            return Err(ApiError::new(
+                403,
+                ErrorType::Permission,
+                "model_not_allowed",
+                format!("This API key may not use the model '{}'.", request.model),
+            )
+            .with_param("model"));
+        }
+        let directive = routing::parse_directive(&cfg, &request.body)?;
+        let plan = routing::plan(&cfg, defaults, &directive);
+        let prefix = match op {
+            Operation::Chat => "chatcmpl_",
+            Operation::Completions => "cmpl_",
+        };
+        self.stamp = Some(Stamp {
+            op,
+            id: new_id(prefix),
+            model: request.model.clone(),
+            created: now,
+        });
+
+        // The first candidate whose API can express the request goes first.
+        let mut refusal = None;
+        for candidate in &plan {
+            let Some(provider) = cfg.providers.get(candidate.provider) else {
+                continue;
+            };
+            match providers::build_request(provider, &request, &candidate.upstream_model, &cfg.routing_field) {
+                Ok(upstream) => {
+                    let forward = self.forward(&cfg, provider, candidate, upstream);
+                    self.request = Some(request);
+                    return Ok(forward);
+                }
+                Err(e) => {
+                    log::info!("waygate: provider {} skipped: {}", provider.id, e.message);
+                    refusal.get_or_insert(e);
+                }
+            }
+        }
+        Err(refusal.unwrap_or_else(|| routing::no_provider(&request.model)))
+    }
+
+    fn forward(
+        &mut self,
+        cfg: &Config,
+        provider: &Provider,
+        candidate: &Candidate,
+        upstream: UpstreamRequest,
+    ) -> Forward {
+        self.provider = Some(candidate.provider);
+        let mut set: Vec<Header> = vec![
+            (":path".into(), upstream.path),
+            (":authority".into(), provider.authority.clone()),
+            (cfg.cluster_header.clone(), provider.cluster.clone()),
+            ("content-type".into(), "application/json".into()),
+            ("content-length".into(), upstream.body.len().to_string()),
+        ];
+        set.extend(upstream.headers);
+        Forward {
+            remove: HOP_HEADERS_TO_DROP.iter().map(|h| h.to_string()).collect(),
+            set,
+            body: upstream.body,
+        }
+    }
+
+    /// Response headers arrived.
+    pub fn on_response_headers(
+        &mut self,
+        head: &ResponseHead<'_>,
+        end_of_stream: bool,
+    ) -> (ResponseAction, Option<Rewrite>) {
+        if !matches!(self.phase, Phase::Upstream) {
+            return (ResponseAction::Continue, None);
+        }
+        let router_error = head.code_details.is_some_and(|d| d != "via_upstream");
+        let outcome = if router_error {
+            "error".to_string()
+        } else {
+            head.status.to_string()
+        };
+        if let Some(p) = self.provider {
+            self.attempts.push((p, outcome));
+        }
+        let ok = (200..300).contains(&head.status) && !router_error;
+        let event_stream = head
+            .content_type
+            .is_some_and(|ct| starts_with_ignore_case(ct, b"text/event-stream"));
+        let streaming = self.request.as_ref().is_some_and(|r| r.stream);
+        if ok && streaming && event_stream && !end_of_stream {
+            self.phase = Phase::Streaming;
+            self.status = head.status;
+            self.stream = Some(self.new_rewriter());
+            let mut set = vec![("content-type".to_string(), "text/event-stream".to_string())];
+            set.extend(self.attempt_headers(true));
+            return (
+                ResponseAction::Stream {
+                    remove: vec!["content-length".into()],
+                    set,
+                },
+                None,
+            );
+        }
+        self.phase = Phase::Buffering {
+            status: head.status,
+            retry_after: head.retry_after.map(|v| String::from_utf8_lossy(v).trim().to_string()),
+            router_error,
+            event_stream,
+        };
+        if end_of_stream {
+            return (ResponseAction::Buffer, Some(self.on_buffered_body(&[])));
+        }
+        (ResponseAction::Buffer, None)
+    }
+
+    fn new_rewriter(&self) -> StreamRewriter {
+        let api = self.provider.and_then(|p| self.config.providers.get(p)).map(|p| p.api);
+        let translator = providers::stream_translator(api.unwrap_or(crate::config::Api::Openai));
+        let include_usage = self.request.as_ref().is_some_and(|r| r.include_usage);
+        StreamRewriter::new(
+            translator,
+            self.stamp.clone().unwrap_or_else(empty_stamp),
+            include_usage,
+        )
+    }
+
+    /// A chunk of a live stream; returns the bytes that replace it.
+    pub fn on_stream_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(stream) = self.stream.as_mut() {
+            stream.push(chunk, &mut out);
+            if end_of_stream {
+                stream.finish(&mut out);
+            }
+            self.usage = stream.usage();
+        }
+        if end_of_stream {
+            self.phase = Phase::Done;
+        }
+        out
+    }
+
+    /// The whole buffered response body is here: the final answer.
+    pub fn on_buffered_body(&mut self, body: &[u8]) -> Rewrite {
+        let Phase::Buffering {
+            status,
+            retry_after,
+            router_error,
+            event_stream,
+        } = std::mem::replace(&mut self.phase, Phase::Done)
+        else {
+            return self.rewrite_error(&internal("response body in an unexpected phase"), false);
+        };
+        let provider = self.provider.and_then(|p| self.config.providers.get(p)).cloned();
+        let Some(provider) = provider else {
+            return self.rewrite_error(&internal("no provider"), false);
+        };
+        if router_error {
+            let e = if status == 504 {
+                self.failed_timeout()
+            } else {
+                self.failed_upstream()
+            };
+            return self.rewrite_error(&e, false);
+        }
+        if (200..300).contains(&status) {
+            return match self.translate_success(&provider, body, event_stream) {
+                Ok(rewrite) => rewrite,
+                Err(why) => {
+                    log::warn!("waygate: provider {} sent an invalid answer: {why}", provider.id);
+                    let e = ApiError::new(
+                        502,
+                        ErrorType::Upstream,
+                        "invalid_upstream_response",
+                        format!("The provider's answer was not valid ({}).", self.attempt_summary()),
+                    );
+                    self.rewrite_error(&e, false)
+                }
+            };
+        }
+        let details = providers::error_details(provider.api, body);
+        let e = match status {
+            400 | 413 | 422 => {
+                let mut e = ApiError::new(
+                    status,
+                    ErrorType::InvalidRequest,
+                    details.code.as_deref().unwrap_or("provider_error"),
+                    details
+                        .message
+                        .unwrap_or_else(|| format!("The provider refused the request ({status}).")),
+                );
+                e.provider = Some(provider.id.clone());
+                return self.rewrite_error(&e, true);
+            }
+            429 => {
+                let mut e = ApiError::new(
+                    429,
+                    ErrorType::RateLimit,
+                    "upstream_rate_limited",
+                    format!("Every provider tried is rate limited ({}).", self.attempt_summary()),
+                );
+                e.retry_after = retry_after.filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()));
+                e
+            }
+            408 => self.failed_timeout(),
+            _ => self.failed_upstream(),
+        };
+        self.rewrite_error(&e, false)
+    }
+
+    fn translate_success(&mut self, provider: &Provider, body: &[u8], event_stream: bool) -> Result<Rewrite, String> {
+        let streaming = self.request.as_ref().is_some_and(|r| r.stream);
+        let stamp = self.stamp.clone().unwrap_or_else(empty_stamp);
+        let (content_type, out) = if streaming {
+            if !event_stream {
+                return Err("a stream was asked for but the answer is not text/event-stream".into());
+            }
+            let mut rewriter = self.new_rewriter();
+            let mut out = Vec::new();
+            rewriter.push(body, &mut out);
+            rewriter.finish(&mut out);
+            self.usage = rewriter.usage();
+            ("text/event-stream", out)
+        } else {
+            let request = self.request.as_ref().ok_or("no request")?;
+            let (answer, usage) = providers::translate_answer(provider.api, request, body)?;
+            self.usage = Some(usage);
+            let out = serde_json::to_vec(&answer::finish(&stamp, answer, usage)).map_err(|e| e.to_string())?;
+            ("application/json", out)
+        };
+        self.status = 200;
+        let mut set = vec![
+            (":status".to_string(), "200".to_string()),
+            ("content-type".to_string(), content_type.to_string()),
+            ("content-length".to_string(), out.len().to_string()),
+        ];
+        set.extend(self.attempt_headers(true));
+        Ok(Rewrite {
+            status: 200,
+            remove: Vec::new(),
+            set,
+            body: out,
+        })
+    }
+
+    fn failed_upstream(&self) -> ApiError {
+        ApiError::new(
+            502,
+            ErrorType::Upstream,
+            "upstream_error",
+            format!("Every provider tried failed ({}).", self.attempt_summary()),
+        )
+    }
+
+    fn failed_timeout(&self) -> ApiError {
+        ApiError::new(
+            504,
+            ErrorType::Upstream,
+            "upstream_timeout",
+            format!("The provider did not answer in time ({}).", self.attempt_summary()),
+        )
+    }
+
+    fn rewrite_error(&mut self, e: &ApiError, served: bool) -> Rewrite {
+        self.status = e.status;
+        let body = e.body();
+        let mut set = vec![(":status".to_string(), e.status.to_string())];
+        set.extend(e.headers());
+        set.push(("content-length".into(), body.len().to_string()));
+        set.extend(self.attempt_headers(served));
+        // Upstream headers that would describe the old body, or leak its origin.
+        let remove = ["content-encoding", "transfer-encoding", "retry-after"]
+            .map(String::from)
+            .to_vec();
+        Rewrite {
+            status: e.status,
+            remove,
+            set,
+            body,
+        }
+    }
+
+    /// `x-waygate-attempts`, and `x-waygate-provider` when a provider served.
+    fn attempt_headers(&self, served: bool) -> Vec<Header> {
+        let mut headers = Vec::new();
+        if served && let Some(p) = self.provider.and_then(|p| self.config.providers.get(p)) {
+            headers.push(("x-waygate-provider".to_string(), p.id.clone()));
+        }
+        if !self.attempts.is_empty() {
+            let list: Vec<String> = self
+                .attempts
+                .iter()
+                .filter_map(|(p, outcome)| self.config.providers.get(*p).map(|p| format!("{}:{outcome}", p.id)))
+                .collect();
+            headers.push(("x-waygate-attempts".to_string(), list.join(",")));
+        }
+        headers
+    }
+
+    /// `openai: 503, groq: error` for messages.
+    fn attempt_summary(&self) -> String {
+        let list: Vec<String> = self
+            .attempts
+            .iter()
+            .filter_map(|(p, outcome)| {
+                let outcome = if outcome == "error" {
+                    "connect failure or reset"
+                } else {
+                    outcome
+                };
+                self.config.providers.get(*p).map(|p| format!("{}: {outcome}", p.id))
+            })
+            .collect();
+        list.join(", ")
+    }
+
+    fn reply_error(&mut self, e: &ApiError) -> Reply {
+        self.reply(Reply::error(e))
+    }
+
+    fn reply(&mut self, reply: Reply) -> Reply {
+        self.phase = Phase::Replied;
+        self.status = reply.status;
+        reply
+    }
+
+    fn models_listing(&self) -> Reply {
+        let key = self.config.keys.iter().find(|k| Some(&k.id) == self.key_id.as_ref());
+        let data: Vec<Value> = self
+            .config
+            .models
+            .iter()
+            .filter(|m| key.is_none_or(|k| auth::may_use(k, &m.id)))
+            .map(|m| {
+                let owner = m.id.split('/').next().unwrap_or_default();
+                let providers: Vec<&str> = m
+                    .endpoints
+                    .iter()
+                    .filter_map(|e| self.config.providers.get(e.provider).map(|p| p.id.as_str()))
+                    .collect();
+                json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner, "providers": providers})
+            })
+            .collect();
+        let body = serde_json::to_vec(&json!({"object": "list", "data": data})).unwrap_or_default();
+        Reply {
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body,
+        }
+    }
+
+    /// The access log line (contract §3, issue: never a credential or body).
+    /// `None` for requests the filter passed through.
+    pub fn access_log(&self, duration_ms: u64) -> Option<String> {
+        if matches!(self.phase, Phase::PassThrough | Phase::Start) {
+            return None;
+        }
+        let provider = self
+            .provider
+            .and_then(|p| self.config.providers.get(p))
+            .map_or("-", |p| p.id.as_str());
+        let attempts: Vec<String> = self
+            .attempts
+            .iter()
+            .filter_map(|(p, o)| self.config.providers.get(*p).map(|p| format!("{}:{o}", p.id)))
+            .collect();
+        let usage = self.usage.unwrap_or_default();
+        Some(format!(
+            "waygate access key={} model={} provider={} attempts={} status={} prompt_tokens={} completion_tokens={} duration_ms={} title={:?} referer={:?}",
+            self.key_id.as_deref().unwrap_or("-"),
+            self.request.as_ref().map_or("-", |r| r.model.as_str()),
+            provider,
+            if attempts.is_empty() {
+                "-".to_string()
+            } else {
+                attempts.join(",")
+            },
+            self.status,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            duration_ms,
+            self.title.as_deref().unwrap_or(""),
+            self.referer.as_deref().unwrap_or(""),
+        ))
+    }
+
+    /// Usage of the answer, once known.
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+}
+
+impl ApiError {
+    fn without_param(mut self) -> Self {
+        self.param = None;
+        self
+    }
+}
+
+fn empty_stamp() -> Stamp {
+    Stamp {
+        op: Operation::Chat,
+        id: new_id("chatcmpl_"),
+        model: String::new(),
+        created: 0,
+    }
+}
+
+fn internal(what: &str) -> ApiError {
+    log::error!("waygate: internal error: {what}");
+    ApiError::new(
+        500,
+        ErrorType::Upstream,
+        "internal_error",
+        "The gateway failed to handle this request.",
+    )
+}
+
+fn too_large(limit: u64) -> ApiError {
+    ApiError::new(
+        413,
+        ErrorType::InvalidRequest,
+        "body_too_large",
+        format!("Request body is larger than {limit} bytes."),
+    )
+}
+
+/// The part of `path` after `base`, when `path` is `base` or below it.
+fn under_base<'p>(path: &'p [u8], base: &[u8]) -> Option<&'p [u8]> {
+    let rest = path.strip_prefix(base)?;
+    (rest.is_empty() || rest.first() == Some(&b'/')).then_some(rest)
+}
+
+fn is_json(content_type: Option<&[u8]>) -> bool {
+    let Some(ct) = content_type else { return false };
+    let media = ct.split(|b| *b == b';').next().unwrap_or_default();
+    let media = String::from_utf8_lossy(media);
+    media.trim().eq_ignore_ascii_case("application/json")
+}
+
+fn starts_with_ignore_case(haystack: &[u8], prefix: &[u8]) -> bool {
+    haystack
+        .get(..prefix.len())
+        .is_some_and(|h| h.eq_ignore_ascii_case(prefix))
+}
+
+/// A client-supplied attribution header, made safe for one log line.
+fn printable(raw: &[u8]) -> String {
+    String::from_utf8_lossy(raw)
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect()
+}

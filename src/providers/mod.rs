@@ -1,0 +1,106 @@
+//! Provider APIs: one module per wire API, each translating in both
+//! directions. Every translator is pure and idempotent: it starts from the
+//! client's parsed request each time, so a fallback can re-run it.
+//!
+//! The contract between this module and the rest of the filter:
+//! - [`build_request`] turns the client's request into the provider's;
+//! - [`translate_answer`] turns a provider's 2xx body into an OpenAI-shaped
+//!   answer (`chat.completion`, or `text_completion` for native legacy);
+//! - [`stream_translator`] turns provider SSE events into [`StreamItem`]s;
+//! - [`error_details`] reads a provider's error body.
+//!
+//! [`crate::answer`] and [`crate::stream`] then stamp ids and model names and
+//! reshape to what the client asked for.
+
+use serde_json::Value;
+
+use crate::config::{Api, Provider};
+use crate::errors::ApiError;
+use crate::request::ParsedRequest;
+use crate::sse::SseEvent;
+use crate::usage::Usage;
+
+pub mod openai;
+
+/// What goes upstream: the path (after `path_prefix`), the provider's own
+/// headers (credential, version) and the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamRequest {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// One step of a translated stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamItem {
+    /// A chunk in OpenAI's shape: an object with `choices`, each with a
+    /// `delta` (chat) or `text` (native legacy), `index` and `finish_reason`.
+    Chunk(Value),
+    /// Usage reported by the provider (the latest one wins).
+    Usage(Usage),
+    /// The provider's own terminal event.
+    Done,
+    /// The provider reported a failure mid-stream.
+    Error(ApiError),
+}
+
+/// Translates provider SSE events.
+pub trait StreamTranslator {
+    fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>);
+}
+
+/// A provider's error body, read: its string code and message, if any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ErrorDetails {
+    pub code: Option<String>,
+    pub message: Option<String>,
+}
+
+/// Builds the provider request for one candidate. An `Err` means this
+/// candidate cannot serve the request (contract §6: a parameter the API
+/// cannot express without changing the answer's shape).
+pub fn build_request(
+    provider: &Provider,
+    request: &ParsedRequest,
+    upstream_model: &str,
+    routing_field: &str,
+) -> Result<UpstreamRequest, ApiError> {
+    match provider.api {
+        Api::Openai => openai::build_request(provider, request, upstream_model, routing_field),
+        Api::Anthropic | Api::Gemini => Err(unsupported_api(provider)),
+    }
+}
+
+/// Translates a 2xx body. `Err` is the reason the body is not a valid answer.
+pub fn translate_answer(api: Api, request: &ParsedRequest, body: &[u8]) -> Result<(Value, Usage), String> {
+    match api {
+        Api::Openai => openai::translate_answer(request, body),
+        Api::Anthropic | Api::Gemini => Err("this provider API is not supported yet".into()),
+    }
+}
+
+/// A stream translator for the provider's API.
+pub fn stream_translator(api: Api) -> Box<dyn StreamTranslator> {
+    match api {
+        Api::Openai | Api::Anthropic | Api::Gemini => Box::new(openai::OpenAiStream),
+    }
+}
+
+/// Reads a provider's error body.
+pub fn error_details(api: Api, body: &[u8]) -> ErrorDetails {
+    match api {
+        Api::Openai | Api::Anthropic | Api::Gemini => openai::error_details(body),
+    }
+}
+
+fn unsupported_api(provider: &Provider) -> ApiError {
+    ApiError::bad_request(
+        "unsupported_parameter",
+        "model",
+        format!(
+            "Provider '{}' speaks an API this build cannot translate to yet.",
+            provider.id
+        ),
+    )
+}

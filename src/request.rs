@@ -1,0 +1,346 @@
+//! Request validation (interface document 2.3 and 2.6): the body is parsed
+//! once into a JSON object, every documented field is checked for type and
+//! range, and the fields the filter needs are pulled out. Unknown fields are
+//! kept: OpenAI's API has many more, and they pass through to providers.
+
+use serde_json::{Map, Value};
+
+use crate::errors::ApiError;
+
+/// Which operation the client called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Chat,
+    Completions,
+}
+
+/// A validated request body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedRequest {
+    pub op: Operation,
+    /// The client's body, unchanged.
+    pub body: Map<String, Value>,
+    pub model: String,
+    pub stream: bool,
+    /// `stream_options.include_usage`, as the client asked.
+    pub include_usage: bool,
+}
+
+/// Parses and validates a request body for `op`.
+pub fn parse(op: Operation, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request("invalid_json", "body", format!("Request body is not valid JSON: {e}.")).with_param_none()
+    })?;
+    let Value::Object(body) = value else {
+        return Err(
+            ApiError::bad_request("invalid_json", "body", "Request body must be a JSON object.").with_param_none(),
+        );
+    };
+
+    let model = match body.get("model") {
+        None | Some(Value::Null) => return Err(missing("model")),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(wrong_type("model", "a string")),
+    };
+    match op {
+        Operation::Chat => validate_messages(&body)?,
+        Operation::Completions => match body.get("prompt") {
+            None | Some(Value::Null) => return Err(missing("prompt")),
+            Some(Value::String(_)) => {}
+            Some(_) => return Err(wrong_type("prompt", "a string")),
+        },
+    }
+    validate_sampling(&body)?;
+    let stream = optional_bool(&body, "stream")?.unwrap_or(false);
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            for key in o.keys() {
+                if key != "include_usage" {
+                    return Err(ApiError::bad_request(
+                        "unsupported_parameter",
+                        format!("stream_options.{key}"),
+                        format!("Unknown stream option '{key}'."),
+                    ));
+                }
+            }
+            match o.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(wrong_type("stream_options.include_usage", "a boolean")),
+            }
+        }
+        Some(_) => return Err(wrong_type("stream_options", "an object")),
+    };
+    Ok(ParsedRequest {
+        op,
+        body,
+        model,
+        stream,
+        include_usage,
+    })
+}
+
+impl ApiError {
+    /// `invalid_json` names no field.
+    fn with_param_none(mut self) -> Self {
+        self.param = None;
+        self
+    }
+}
+
+pub(crate) fn missing(param: &str) -> ApiError {
+    ApiError::bad_request("missing_field", param, format!("Missing required field '{param}'."))
+}
+
+pub(crate) fn wrong_type(param: &str, expected: &str) -> ApiError {
+    ApiError::bad_request("invalid_type", param, format!("'{param}' must be {expected}."))
+}
+
+pub(crate) fn bad_value(param: &str, why: &str) -> ApiError {
+    ApiError::bad_request("invalid_value", param, format!("'{param}' {why}."))
+}
+
+fn optional_bool(body: &Map<String, Value>, field: &str) -> Result<Option<bool>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(wrong_type(field, "a boolean")),
+    }
+}
+
+fn number_in(body: &Map<String, Value>, field: &str, lo: f64, hi: f64) -> Result<(), ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(x) if (lo..=hi).contains(&x) => Ok(()),
+            _ => Err(bad_value(field, &format!("must be between {lo} and {hi}"))),
+        },
+        Some(_) => Err(wrong_type(field, "a number")),
+    }
+}
+
+fn integer_at_least(body: &Map<String, Value>, field: &str, lo: i64) -> Result<(), ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Number(n)) => match (n.as_i64(), n.as_u64()) {
+            (Some(x), _) if x >= lo => Ok(()),
+            (None, Some(_)) => Ok(()),
+            (Some(_), _) => Err(bad_value(field, &format!("must be at least {lo}"))),
+            (None, None) => Err(wrong_type(field, "an integer")),
+        },
+        Some(_) => Err(wrong_type(field, "an integer")),
+    }
+}
+
+/// Sampling and output parameters shared by both operations. Ranges follow
+/// OpenAI's API reference.
+fn validate_sampling(body: &Map<String, Value>) -> Result<(), ApiError> {
+    number_in(body, "temperature", 0.0, 2.0)?;
+    number_in(body, "top_p", 0.0, 1.0)?;
+    number_in(body, "presence_penalty", -2.0, 2.0)?;
+    number_in(body, "frequency_penalty", -2.0, 2.0)?;
+    integer_at_least(body, "max_tokens", 1)?;
+    integer_at_least(body, "max_completion_tokens", 1)?;
+    integer_at_least(body, "n", 1)?;
+    integer_at_least(body, "seed", i64::MIN)?;
+    match body.get("stop") {
+        None | Some(Value::Null) | Some(Value::String(_)) => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                if !item.is_string() {
+                    return Err(wrong_type(&format!("stop.{i}"), "a string"));
+                }
+            }
+        }
+        Some(_) => return Err(wrong_type("stop", "a string or an array of strings")),
+    }
+    match body.get("user") {
+        None | Some(Value::Null) | Some(Value::String(_)) => {}
+        Some(_) => return Err(wrong_type("user", "a string")),
+    }
+    match body.get("response_format") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(o)) => match o.get("type") {
+            Some(Value::String(t)) if ["text", "json_object", "json_schema"].contains(&t.as_str()) => {}
+            Some(Value::String(_)) => {
+                return Err(bad_value(
+                    "response_format.type",
+                    "must be 'text', 'json_object' or 'json_schema'",
+                ));
+            }
+            None => return Err(missing("response_format.type")),
+            Some(_) => return Err(wrong_type("response_format.type", "a string")),
+        },
+        Some(_) => return Err(wrong_type("response_format", "an object")),
+    }
+    match body.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(tools)) => {
+            for (i, tool) in tools.iter().enumerate() {
+                if !tool.is_object() {
+                    return Err(wrong_type(&format!("tools.{i}"), "an object"));
+                }
+            }
+        }
+        Some(_) => return Err(wrong_type("tools", "an array")),
+    }
+    Ok(())
+}
+
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+fn validate_messages(body: &Map<String, Value>) -> Result<(), ApiError> {
+    let messages = match body.get("messages") {
+        None | Some(Value::Null) => return Err(missing("messages")),
+        Some(Value::Array(m)) => m,
+        Some(_) => return Err(wrong_type("messages", "an array")),
+    };
+    if messages.is_empty() {
+        return Err(bad_value("messages", "must contain at least one message"));
+    }
+    for (i, message) in messages.iter().enumerate() {
+        let at = format!("messages.{i}");
+        let Value::Object(m) = message else {
+            return Err(wrong_type(&at, "an object"));
+        };
+        let role = match m.get("role") {
+            None | Some(Value::Null) => return Err(missing(&format!("{at}.role"))),
+            Some(Value::String(r)) => r.as_str(),
+            Some(_) => return Err(wrong_type(&format!("{at}.role"), "a string")),
+        };
+        if !ROLES.contains(&role) {
+            return Err(bad_value(
+                &format!("{at}.role"),
+                "must be one of 'system', 'developer', 'user', 'assistant', 'tool'",
+            ));
+        }
+        let has_tool_calls = matches!(m.get("tool_calls"), Some(Value::Array(calls)) if !calls.is_empty());
+        match m.get("content") {
+            None | Some(Value::Null) if role == "assistant" && has_tool_calls => {}
+            None | Some(Value::Null) => return Err(missing(&format!("{at}.content"))),
+            Some(Value::String(_)) => {}
+            Some(Value::Array(parts)) => validate_parts(&at, parts)?,
+            Some(_) => {
+                return Err(wrong_type(
+                    &format!("{at}.content"),
+                    "a string or an array of content parts",
+                ));
+            }
+        }
+        if role == "tool" && !matches!(m.get("tool_call_id"), Some(Value::String(_))) {
+            return Err(missing(&format!("{at}.tool_call_id")));
+        }
+        match m.get("tool_calls") {
+            None | Some(Value::Null) | Some(Value::Array(_)) => {}
+            Some(_) => return Err(wrong_type(&format!("{at}.tool_calls"), "an array")),
+        }
+    }
+    Ok(())
+}
+
+fn validate_parts(at: &str, parts: &[Value]) -> Result<(), ApiError> {
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("{at}.content.{j}");
+        let Value::Object(p) = part else {
+            return Err(wrong_type(&at, "an object"));
+        };
+        match p.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                if !matches!(p.get("text"), Some(Value::String(_))) {
+                    return Err(wrong_type(&format!("{at}.text"), "a string"));
+                }
+            }
+            Some("image_url") => match p.get("image_url") {
+                Some(Value::Object(img)) if matches!(img.get("url"), Some(Value::String(_))) => {}
+                Some(Value::Object(_)) => return Err(missing(&format!("{at}.image_url.url"))),
+                None => return Err(missing(&format!("{at}.image_url"))),
+                Some(_) => return Err(wrong_type(&format!("{at}.image_url"), "an object")),
+            },
+            Some(_) => return Err(bad_value(&format!("{at}.type"), "must be 'text' or 'image_url'")),
+            None => return Err(missing(&format!("{at}.type"))),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(json: &str) -> Result<ParsedRequest, ApiError> {
+        parse(Operation::Chat, json.as_bytes())
+    }
+
+    fn err(json: &str) -> (u16, String, Option<String>) {
+        let e = chat(json).unwrap_err();
+        (e.status, e.code, e.param)
+    }
+
+    #[test]
+    fn a_minimal_request_parses() {
+        let r = chat(r#"{"model":"openai/gpt-4o","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        assert_eq!(r.model, "openai/gpt-4o");
+        assert!(!r.stream && !r.include_usage);
+    }
+
+    #[test]
+    fn stream_and_usage_are_read() {
+        let r = chat(r#"{"model":"a/b","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
+        assert!(r.stream && r.include_usage);
+    }
+
+    #[test]
+    fn bad_bodies_name_the_field() {
+        let p = |s: &str| Some(s.to_string());
+        assert_eq!(err("nope"), (400, "invalid_json".into(), None));
+        assert_eq!(err("[1]"), (400, "invalid_json".into(), None));
+        assert_eq!(err(r#"{"messages":[]}"#), (400, "missing_field".into(), p("model")));
+        assert_eq!(
+            err(r#"{"model":1,"messages":[]}"#),
+            (400, "invalid_type".into(), p("model"))
+        );
+        assert_eq!(err(r#"{"model":"a/b"}"#), (400, "missing_field".into(), p("messages")));
+        assert_eq!(
+            err(r#"{"model":"a/b","messages":[]}"#),
+            (400, "invalid_value".into(), p("messages"))
+        );
+        assert_eq!(
+            err(r#"{"model":"a/b","messages":[{"role":"user","content":"x"},{"role":"robot","content":"x"}]}"#),
+            (400, "invalid_value".into(), p("messages.1.role"))
+        );
+        assert_eq!(
+            err(
+                r#"{"model":"a/b","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}]}"#
+            ),
+            (400, "missing_field".into(), p("messages.0.content.1.image_url"))
+        );
+        assert_eq!(
+            err(r#"{"model":"a/b","messages":[{"role":"user","content":"x"}],"temperature":3}"#),
+            (400, "invalid_value".into(), p("temperature"))
+        );
+        assert_eq!(
+            err(r#"{"model":"a/b","messages":[{"role":"user","content":"x"}],"max_tokens":1.5}"#),
+            (400, "invalid_type".into(), p("max_tokens"))
+        );
+        assert_eq!(
+            err(r#"{"model":"a/b","messages":[{"role":"user","content":"x"}],"stop":[1]}"#),
+            (400, "invalid_type".into(), p("stop.0"))
+        );
+    }
+
+    #[test]
+    fn assistant_tool_calls_may_omit_content() {
+        chat(r#"{"model":"a/b","messages":[{"role":"user","content":"x"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"42"}]}"#)
+        .unwrap();
+    }
+
+    #[test]
+    fn legacy_prompt_must_be_a_string() {
+        let e = parse(Operation::Completions, br#"{"model":"a/b","prompt":["x"]}"#).unwrap_err();
+        assert_eq!((e.code.as_str(), e.param.as_deref()), ("invalid_type", Some("prompt")));
+        parse(Operation::Completions, br#"{"model":"a/b","prompt":"x"}"#).unwrap();
+    }
+}

@@ -1,0 +1,297 @@
+//! One HTTP stream: Envoy's callbacks in, [`Exchange`] steps applied.
+
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+
+use super::host::{self, Buffer, Map};
+use crate::config::Config;
+use crate::errors::{ApiError, ErrorType};
+use crate::exchange::{Exchange, HeadersAction, Reply, ResponseAction, ResponseHead, Rewrite};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Response {
+    /// Not ours: pass every response callback through.
+    Untouched,
+    /// Waiting for the upstream's headers.
+    Expected,
+    Streaming,
+    Buffering,
+}
+
+pub struct Stream {
+    exchange: Exchange,
+    response: Response,
+    started_ns: u64,
+}
+
+impl Stream {
+    pub fn new(config: Rc<Config>) -> Stream {
+        Stream {
+            exchange: Exchange::new(config),
+            response: Response::Untouched,
+            started_ns: host::now_nanos(),
+        }
+    }
+
+    /// Sends a local reply. Envoy sends it after this callback returns and
+    /// passes it back through our own response callbacks, which must leave
+    /// it alone: `response` is `Untouched` for that reason.
+    fn reply(&mut self, reply: &Reply) -> Action {
+        self.response = Response::Untouched;
+        if let Err(status) = host::send_local_response(reply.status, &reply.headers, &reply.body) {
+            log::error!("waygate: local reply refused by the host (status {})", status.0);
+        }
+        Action::Pause
+    }
+
+    fn internal_error(&mut self, what: &str, status: host::Status) -> Action {
+        log::error!("waygate: {what} failed (host status {})", status.0);
+        let e = ApiError::new(
+            500,
+            ErrorType::Upstream,
+            "internal_error",
+            "The gateway failed to handle this request.",
+        );
+        self.reply(&Reply {
+            status: 500,
+            headers: e.headers(),
+            body: e.body(),
+        })
+    }
+
+    fn now_secs() -> u64 {
+        host::now_nanos() / 1_000_000_000
+    }
+
+    /// Applies a final answer while the response headers are still held.
+    fn apply_rewrite(&mut self, rewrite: &Rewrite, body_size: usize) -> Action {
+        let edits = rewrite
+            .remove
+            .iter()
+            .try_for_each(|name| host::remove_header(Map::ResponseHeaders, name))
+            .and_then(|()| {
+                rewrite
+                    .set
+                    .iter()
+                    .try_for_each(|(k, v)| host::set_header(Map::ResponseHeaders, k, v))
+            })
+            .and_then(|()| host::set_buffer(Buffer::ResponseBody, 0, body_size, &rewrite.body));
+        match edits {
+            Ok(()) => Action::Continue,
+            Err(status) => {
+                // Headers not editable (should not happen while held): a
+                // direct local reply replaces the upstream answer instead.
+                log::warn!(
+                    "waygate: response edit refused (status {}), replying directly",
+                    status.0
+                );
+                let headers: Vec<(String, String)> = rewrite
+                    .set
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with(':'))
+                    .cloned()
+                    .collect();
+                self.reply(&Reply {
+                    status: rewrite.status,
+                    headers,
+                    body: rewrite.body.clone(),
+                })
+            }
+        }
+    }
+}
+
+impl Context for Stream {}
+
+impl HttpContext for Stream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let pairs = match host::header_pairs(Map::RequestHeaders) {
+            Ok(pairs) => pairs,
+            Err(status) => return self.internal_error("reading request headers", status),
+        };
+        let step = self.exchange.on_request_headers(&pairs, end_of_stream);
+        for name in &step.remove {
+            if let Err(status) = host::remove_header(Map::RequestHeaders, name) {
+                return self.internal_error("removing a reserved header", status);
+            }
+        }
+        match step.action {
+            HeadersAction::Continue => Action::Continue,
+            HeadersAction::Reply(reply) => self.reply(&reply),
+            // Held until the whole body is read (allow_on_headers_stop_iteration).
+            HeadersAction::ReadBody => Action::Pause,
+        }
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.exchange.wants_body() {
+            return Action::Continue;
+        }
+        if let Some(reply) = self.exchange.on_request_body_progress(body_size) {
+            return self.reply(&reply);
+        }
+        if !end_of_stream {
+            // Pause buffers: the next callback sees everything so far.
+            return Action::Pause;
+        }
+        let body = match host::buffer(Buffer::RequestBody, 0, body_size) {
+            Ok(body) => body,
+            Err(status) => return self.internal_error("reading the request body", status),
+        };
+        match self.exchange.on_request_body(&body, Self::now_secs()) {
+            Ok(forward) => {
+                let applied = host::set_buffer(Buffer::RequestBody, 0, body_size, &forward.body)
+                    .and_then(|()| {
+                        forward
+                            .remove
+                            .iter()
+                            .try_for_each(|h| host::remove_header(Map::RequestHeaders, h))
+                    })
+                    .and_then(|()| {
+                        forward
+                            .set
+                            .iter()
+                            .try_for_each(|(k, v)| host::set_header(Map::RequestHeaders, k, v))
+                    });
+                match applied {
+                    Ok(()) => {
+                        self.response = Response::Expected;
+                        Action::Continue
+                    }
+                    Err(status) => self.internal_error("rewriting the request", status),
+                }
+            }
+            Err(reply) => self.reply(&reply),
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        if self.response != Response::Expected {
+            return Action::Continue;
+        }
+        let pairs = match host::header_pairs(Map::ResponseHeaders) {
+            Ok(pairs) => pairs,
+            Err(status) => return self.internal_error("reading response headers", status),
+        };
+        let header = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k.as_slice() == name.as_bytes())
+                .map(|(_, v)| v.as_slice())
+        };
+        let status = header(":status")
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| s.parse::<u16>().ok())
+            .unwrap_or(0);
+        let details = host::property(&["response", "code_details"]);
+        let head = ResponseHead {
+            status,
+            content_type: header("content-type"),
+            retry_after: header("retry-after"),
+            code_details: details.as_deref().and_then(|d| std::str::from_utf8(d).ok()),
+        };
+        let (action, rewrite) = self.exchange.on_response_headers(&head, end_of_stream);
+        match (action, rewrite) {
+            (ResponseAction::Continue, _) => Action::Continue,
+            (ResponseAction::Stream { remove, set }, _) => {
+                let applied = remove
+                    .iter()
+                    .try_for_each(|h| host::remove_header(Map::ResponseHeaders, h))
+                    .and_then(|()| {
+                        set.iter()
+                            .try_for_each(|(k, v)| host::set_header(Map::ResponseHeaders, k, v))
+                    });
+                if let Err(status) = applied {
+                    return self.internal_error("editing stream headers", status);
+                }
+                self.response = Response::Streaming;
+                Action::Continue
+            }
+            // A headers-only answer has no body to edit: a direct local reply
+            // (we are in on_response_headers) replaces it.
+            (ResponseAction::Buffer, Some(rewrite)) => {
+                let headers: Vec<(String, String)> = rewrite
+                    .set
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with(':'))
+                    .cloned()
+                    .collect();
+                self.reply(&Reply {
+                    status: rewrite.status,
+                    headers,
+                    body: rewrite.body,
+                })
+            }
+            (ResponseAction::Buffer, None) => {
+                // Held: body callbacks still arrive (allow_on_headers_stop_iteration),
+                // and status and headers can be fixed once the body is known.
+                self.response = Response::Buffering;
+                Action::Pause
+            }
+        }
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        match self.response {
+            Response::Untouched | Response::Expected => Action::Continue,
+            Response::Streaming => {
+                // After Continue, the visible buffer is only this chunk.
+                let chunk = match host::buffer(Buffer::ResponseBody, 0, body_size) {
+                    Ok(chunk) => chunk,
+                    Err(status) => {
+                        log::error!("waygate: reading a stream chunk failed (status {})", status.0);
+                        Vec::new()
+                    }
+                };
+                let out = self.exchange.on_stream_body(&chunk, end_of_stream);
+                if let Err(status) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &out) {
+                    log::error!("waygate: replacing a stream chunk failed (status {})", status.0);
+                }
+                Action::Continue
+            }
+            Response::Buffering => {
+                if !end_of_stream {
+                    return Action::Pause;
+                }
+                let body = match host::buffer(Buffer::ResponseBody, 0, body_size) {
+                    Ok(body) => body,
+                    Err(status) => return self.internal_error("reading the response body", status),
+                };
+                let rewrite = self.exchange.on_buffered_body(&body);
+                self.response = Response::Untouched;
+                self.apply_rewrite(&rewrite, body_size)
+            }
+        }
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        // With trailers, no body callback had end_of_stream: finish here.
+        match self.response {
+            Response::Streaming => {
+                let out = self.exchange.on_stream_body(&[], true);
+                if !out.is_empty()
+                    && let Err(status) = host::set_buffer(Buffer::ResponseBody, usize::MAX, 0, &out)
+                {
+                    log::error!("waygate: appending the stream end failed (status {})", status.0);
+                }
+                Action::Continue
+            }
+            Response::Buffering => {
+                let body = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
+                let rewrite = self.exchange.on_buffered_body(&body);
+                self.response = Response::Untouched;
+                self.apply_rewrite(&rewrite, body.len())
+            }
+            Response::Untouched | Response::Expected => Action::Continue,
+        }
+    }
+
+    fn on_log(&mut self) {
+        let elapsed_ms = host::now_nanos().saturating_sub(self.started_ns) / 1_000_000;
+        if let Some(line) = self.exchange.access_log(elapsed_ms) {
+            log::info!("{line}");
+        }
+    }
+}

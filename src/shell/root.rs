@@ -1,0 +1,61 @@
+//! The root context: parses the plugin configuration once per VM and makes
+//! one HTTP context per stream.
+
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::ContextType;
+
+use super::host::{self, Buffer};
+use super::http::Stream;
+use crate::config::Config;
+
+#[derive(Default)]
+pub struct Root {
+    config: Option<Rc<Config>>,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, size: usize) -> bool {
+        let raw = match host::buffer(Buffer::PluginConfiguration, 0, size) {
+            Ok(raw) => raw,
+            Err(status) => {
+                log::error!("waygate: cannot read the plugin configuration (status {})", status.0);
+                return false;
+            }
+        };
+        // The VM's environment is Envoy's `vm_config.environment_variables`.
+        let env = |name: &str| std::env::var(name).ok();
+        match Config::parse(&raw, &env) {
+            Ok(config) => {
+                for p in config.providers.iter().filter(|p| p.credential.is_none()) {
+                    log::warn!(
+                        "waygate: provider {} has no credential ({} is unset); it will not be used",
+                        p.id,
+                        p.credential_source
+                    );
+                }
+                self.config = Some(Rc::new(config));
+                true
+            }
+            Err(problems) => {
+                for problem in problems {
+                    log::error!("waygate: configuration refused: {problem}");
+                }
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // No config means on_configure refused, and Envoy never gets here.
+        let config = self.config.as_ref()?;
+        Some(Box::new(Stream::new(Rc::clone(config))))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

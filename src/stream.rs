@@ -1,0 +1,307 @@
+//! Streaming answers (contract §6): provider bytes in, OpenAI SSE bytes out.
+//!
+//! [`StreamRewriter`] frames the provider's bytes with the one SSE decoder,
+//! lets the provider's translator turn events into [`StreamItem`]s, and writes
+//! them in OpenAI's shape: the same id, model and created in every chunk, the
+//! role on the first delta, usage only in one extra chunk right before
+//! `[DONE]` and only when the client asked, and one error event (no `[DONE]`)
+//! when the stream fails or ends without its terminal event.
+
+use serde_json::{Value, json};
+
+use crate::answer::{Stamp, text_stream_choice};
+use crate::errors::ApiError;
+use crate::providers::openai::interrupted;
+use crate::providers::{StreamItem, StreamTranslator};
+use crate::request::Operation;
+use crate::sse::{DONE, SseDecoder, SseError, SseEvent, write_data};
+use crate::usage::Usage;
+
+/// Rewrites one provider stream.
+pub struct StreamRewriter {
+    decoder: SseDecoder,
+    translator: Box<dyn StreamTranslator>,
+    stamp: Stamp,
+    include_usage: bool,
+    usage: Option<Usage>,
+    role_sent: bool,
+    finished: bool,
+    /// Scratch space reused across chunks.
+    events: Vec<SseEvent>,
+    items: Vec<StreamItem>,
+}
+
+impl StreamRewriter {
+    pub fn new(translator: Box<dyn StreamTranslator>, stamp: Stamp, include_usage: bool) -> Self {
+        StreamRewriter {
+            decoder: SseDecoder::default(),
+            translator,
+            stamp,
+            include_usage,
+            usage: None,
+            role_sent: false,
+            finished: false,
+            events: Vec::new(),
+            items: Vec::new(),
+        }
+    }
+
+    /// Usage seen so far (for the access log and limits).
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    /// Whether the stream ended, cleanly or with the error event.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Translates one chunk of provider bytes into `out`.
+    pub fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        if self.finished {
+            return;
+        }
+        let framed = self.decoder.push(chunk, &mut self.events);
+        self.drain_events(out);
+        if let Err(SseError::TooLong { limit }) = framed {
+            self.fail(
+                &interrupted(&format!("The provider sent an event over {limit} bytes.")),
+                out,
+            );
+        }
+    }
+
+    /// End of the provider's stream: flushes what is held and makes sure the
+    /// client's stream ends with `[DONE]` or the error event, never silently.
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        if self.finished {
+            return;
+        }
+        let framed = self.decoder.finish(&mut self.events);
+        self.drain_events(out);
+        if framed.is_err() || !self.finished {
+            self.fail(&interrupted("The provider's stream ended before it was complete."), out);
+        }
+    }
+
+    /// A failure outside the stream (reset, timeout): the error event.
+    pub fn fail(&mut self, error: &ApiError, out: &mut Vec<u8>) {
+        if !self.finished {
+            write_data(out, &error.body());
+            self.finished = true;
+        }
+    }
+
+    fn drain_events(&mut self, out: &mut Vec<u8>) {
+        let mut events = std::mem::take(&mut self.events);
+        for event in events.drain(..) {
+            if self.finished {
+                break;
+            }
+            self.translator.on_event(&event, &mut self.items);
+            let mut items = std::mem::take(&mut self.items);
+            for item in items.drain(..) {
+                self.write_item(item, out);
+            }
+            self.items = items;
+        }
+        self.events = events;
+    }
+
+    fn write_item(&mut self, item: StreamItem, out: &mut Vec<u8>) {
+        if self.finished {
+            return;
+        }
+        match item {
+            StreamItem::Chunk(chunk) => self.write_chunk(chunk, out),
+            StreamItem::Usage(usage) => self.usage = Some(usage),
+            StreamItem::Done => {
+                if self.include_usage {
+                    let usage = self.usage.unwrap_or_default();
+                    let chunk = self.envelope(Value::Array(Vec::new()), Some(usage.to_json()));
+                    write_json(out, &chunk);
+                }
+                out.extend_from_slice(DONE);
+                self.finished = true;
+            }
+            StreamItem::Error(error) => self.fail(&error, out),
+        }
+    }
+
+    fn write_chunk(&mut self, chunk: Value, out: &mut Vec<u8>) {
+        let Some(Value::Array(mut choices)) = chunk.get("choices").cloned() else {
+            return;
+        };
+        if self.stamp.op == Operation::Completions {
+            choices = choices
+                .iter()
+                .enumerate()
+                .map(|(i, c)| text_stream_choice(c, i))
+                .collect();
+            // A role-only or empty delta carries nothing for a legacy client.
+            choices.retain(|c| {
+                c.get("text").and_then(Value::as_str).is_some_and(|t| !t.is_empty())
+                    || c.get("finish_reason").is_some_and(|f| !f.is_null())
+            });
+            if choices.is_empty() {
+                return;
+            }
+        } else if !self.role_sent
+            && let Some(delta) = choices
+                .first_mut()
+                .and_then(|c| c.get_mut("delta"))
+                .and_then(Value::as_object_mut)
+        {
+            delta.entry("role").or_insert_with(|| "assistant".into());
+        }
+        self.role_sent = true;
+        let mut envelope = self.envelope(Value::Array(choices), None);
+        // Provider extras (system_fingerprint and the like) are kept.
+        if let (Value::Object(extra), Some(target)) = (chunk, envelope.as_object_mut()) {
+            for (k, v) in extra {
+                if !matches!(k.as_str(), "id" | "object" | "created" | "model" | "choices" | "usage") {
+                    target.entry(k).or_insert(v);
+                }
+            }
+        }
+        write_json(out, &envelope);
+    }
+
+    fn envelope(&self, choices: Value, usage: Option<Value>) -> Value {
+        let object = match self.stamp.op {
+            Operation::Chat => "chat.completion.chunk",
+            Operation::Completions => "text_completion",
+        };
+        let mut v = json!({
+            "id": self.stamp.id,
+            "object": object,
+            "created": self.stamp.created,
+            "model": self.stamp.model,
+            "choices": choices,
+        });
+        if let (Some(usage), Some(map)) = (usage, v.as_object_mut()) {
+            map.insert("usage".into(), usage);
+        }
+        v
+    }
+}
+
+fn write_json(out: &mut Vec<u8>, value: &Value) {
+    if let Ok(bytes) = serde_json::to_vec(value) {
+        write_data(out, &bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::openai::OpenAiStream;
+    use crate::sse::tests::chunkings;
+
+    fn stamp(op: Operation) -> Stamp {
+        Stamp {
+            op,
+            id: "chatcmpl_ID".into(),
+            model: "openai/gpt".into(),
+            created: 42,
+        }
+    }
+
+    /// Replays `input` under every chunking and requires identical output.
+    fn replay(op: Operation, include_usage: bool, input: &[u8]) -> String {
+        let mut reference: Option<Vec<u8>> = None;
+        for chunks in chunkings(input) {
+            let mut r = StreamRewriter::new(Box::new(OpenAiStream), stamp(op), include_usage);
+            let mut out = Vec::new();
+            for c in chunks {
+                r.push(c, &mut out);
+            }
+            r.finish(&mut out);
+            match &reference {
+                None => reference = Some(out),
+                Some(prev) => assert_eq!(&out, prev),
+            }
+        }
+        String::from_utf8(reference.unwrap()).unwrap()
+    }
+
+    const UPSTREAM: &str = concat!(
+        "data: {\"id\":\"up1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"up1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hé\"},\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"up1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: {\"id\":\"up1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"total_tokens\":11}}\n\n",
+        "data: [DONE]\n\n",
+    );
+
+    fn events(out: &str) -> Vec<&str> {
+        out.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| e.strip_prefix("data: ").unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn chunks_are_stamped_and_usage_hidden_unless_asked() {
+        let out = replay(Operation::Chat, false, UPSTREAM.as_bytes());
+        let ev = events(&out);
+        assert_eq!(ev.len(), 4);
+        assert_eq!(*ev.last().unwrap(), "[DONE]");
+        for e in &ev[..3] {
+            let v: Value = serde_json::from_str(e).unwrap();
+            assert_eq!(
+                (v["id"].as_str(), v["model"].as_str(), v["created"].as_u64()),
+                (Some("chatcmpl_ID"), Some("openai/gpt"), Some(42))
+            );
+            assert_eq!(v["object"], "chat.completion.chunk");
+            assert!(v.get("usage").is_none());
+        }
+        let first: Value = serde_json::from_str(ev[0]).unwrap();
+        assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    }
+
+    #[test]
+    fn usage_chunk_comes_right_before_done_when_asked() {
+        let out = replay(Operation::Chat, true, UPSTREAM.as_bytes());
+        let ev = events(&out);
+        assert_eq!(ev.len(), 5);
+        let usage: Value = serde_json::from_str(ev[3]).unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(
+            usage["usage"],
+            json!({"prompt_tokens":9,"completion_tokens":2,"total_tokens":11})
+        );
+    }
+
+    #[test]
+    fn legacy_clients_get_text_completion_chunks() {
+        let out = replay(Operation::Completions, false, UPSTREAM.as_bytes());
+        let ev = events(&out);
+        assert_eq!(ev.len(), 3, "the role-only chunk is dropped: {out}");
+        let v: Value = serde_json::from_str(ev[0]).unwrap();
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"][0]["text"], "Hé");
+        let last: Value = serde_json::from_str(ev[1]).unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn a_stream_without_done_ends_with_one_error_event() {
+        let cut = UPSTREAM.split("data: {\"id\":\"up1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o\",\"choices\":[],").next().unwrap();
+        let out = replay(Operation::Chat, true, cut.as_bytes());
+        let ev = events(&out);
+        let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
+        assert_eq!(last["error"]["code"], "stream_interrupted");
+        assert_eq!(last["error"]["type"], "upstream_error");
+        assert!(!out.contains("[DONE]"));
+    }
+
+    #[test]
+    fn a_provider_error_event_ends_the_stream() {
+        let input = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"error\":{\"message\":\"overloaded\"}}\n\ndata: [DONE]\n\n";
+        let out = replay(Operation::Chat, false, input.as_bytes());
+        let ev = events(&out);
+        assert_eq!(ev.len(), 2);
+        let last: Value = serde_json::from_str(ev[1]).unwrap();
+        assert_eq!(last["error"]["message"], "overloaded");
+    }
+}

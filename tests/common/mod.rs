@@ -1,0 +1,298 @@
+//! The gateway as a client sees it: the built `waygate.wasm` in the host,
+//! configured by `envoy/local.yaml` with only addresses and the plugin
+//! configuration swapped, in front of the fake providers. A raw HTTP/1.1
+//! client keeps the exact bytes and headers visible.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+use waygate_host::fakes::FakeProviders;
+use waygate_host::{HostOptions, RunningHost};
+
+pub const DEV_KEY: &str = "wg-dev-key";
+pub const DEV_KEY_SHA256: &str = "3f8df8d36341df6ddbd3fadf70c0d7685e06fcf0b0b90ff0b241284e7638da96";
+/// A second key that may only use `fake/ok*` models.
+pub const NARROW_KEY: &str = "wg-narrow-key";
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn wasm_path() -> PathBuf {
+    root().join("target/wasm32-wasip1/wasm/waygate.wasm")
+}
+
+/// Tests must never run against a stale `.wasm`: it must be newer than
+/// every file under `src/` (`make test` builds it first).
+fn check_wasm_is_fresh() {
+    let wasm = wasm_path();
+    let built = std::fs::metadata(&wasm)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| panic!("{} is missing: run `make test`", wasm.display()));
+    let newest = newest_mtime(&root().join("src"));
+    assert!(
+        built >= newest,
+        "{} is older than src/: run `make test`",
+        wasm.display()
+    );
+}
+
+fn newest_mtime(dir: &Path) -> SystemTime {
+    let mut newest = SystemTime::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        let t = if path.is_dir() {
+            newest_mtime(&path)
+        } else {
+            entry.metadata().unwrap().modified().unwrap()
+        };
+        newest = newest.max(t);
+    }
+    newest
+}
+
+/// The plugin configuration the tests use: the dev key (every model), a
+/// narrow key, the fake provider under a few ids, and listed models.
+pub fn test_plugin_config() -> Value {
+    serde_json::json!({
+        "keys": [
+            {"id": "dev", "sha256": DEV_KEY_SHA256},
+            {"id": "narrow", "sha256": sha256_hex(NARROW_KEY), "models": ["fake/ok*"]}
+        ],
+        "max_request_bytes": 65536,
+        "providers": [
+            {"id": "fake", "api": "openai", "cluster": "fake", "authority": "fake.local",
+             "path_prefix": "/v1", "api_key": "fake-openai-key", "legacy_completions": true, "timeout_ms": 30000},
+            {"id": "fakechat", "api": "openai", "cluster": "fake", "authority": "fake.local",
+             "path_prefix": "/v1", "api_key": "fake-openai-key"},
+            {"id": "nokey", "api": "openai", "cluster": "fake", "authority": "fake.local",
+             "api_key_env": "WAYGATE_TEST_UNSET_KEY"},
+            {"id": "ghost", "api": "openai", "cluster": "nowhere", "authority": "ghost.local", "api_key": "ghost-key"}
+        ],
+        "models": [
+            {"id": "demo/chat", "endpoints": [{"provider": "fake", "model": "ok"}]},
+            {"id": "demo/keyless", "endpoints": [{"provider": "nokey", "model": "ok"}]}
+        ]
+    })
+}
+
+pub fn sha256_hex(s: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `envoy/local.yaml` with ephemeral ports, the fake cluster pointed at
+/// `fake`, the `ghost` cluster added on a closed port, and `plugin` as the
+/// filter's configuration.
+pub fn bootstrap(fake: SocketAddr, plugin: &Value) -> String {
+    let text = std::fs::read_to_string(root().join("envoy/local.yaml")).unwrap();
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    doc["admin"]["address"]["socket_address"]["port_value"] = 0.into();
+    let listener = &mut doc["static_resources"]["listeners"][0];
+    listener["address"]["socket_address"]["port_value"] = 0.into();
+    let wasm =
+        &mut listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]["typed_config"]["config"];
+    wasm["configuration"]["value"] = serde_json::to_string(plugin).unwrap().into();
+    wasm["vm_config"]["code"]["local"]["filename"] = wasm_path().to_string_lossy().to_string().into();
+    let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
+    for cluster in clusters.iter_mut() {
+        if cluster["name"] == "fake" {
+            let sa = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
+            sa["port_value"] = fake.port().into();
+        }
+    }
+    serde_yaml::to_string(&doc).unwrap()
+}
+
+/// A running gateway and its fake providers.
+pub struct Gateway {
+    pub host: RunningHost,
+    pub fakes: FakeProviders,
+    pub addr: SocketAddr,
+}
+
+impl Gateway {
+    pub fn start() -> Gateway {
+        Gateway::with_config(&test_plugin_config())
+    }
+
+    pub fn with_config(plugin: &Value) -> Gateway {
+        check_wasm_is_fresh();
+        let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
+        let yaml = bootstrap(fakes.addr(), plugin);
+        let options = HostOptions {
+            concurrency: 2,
+            env: Some(Default::default()),
+            base_dir: root(),
+            ..Default::default()
+        };
+        let host = waygate_host::start(&yaml, options).unwrap_or_else(|e| panic!("host did not start: {e}"));
+        let addr = host.listener_addr("waygate").unwrap();
+        Gateway { host, fakes, addr }
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> Response {
+        self.send(
+            "POST",
+            path,
+            &[
+                ("authorization", &format!("Bearer {DEV_KEY}")),
+                ("content-type", "application/json"),
+            ],
+            body.as_bytes(),
+        )
+    }
+
+    pub fn chat(&self, body: Value) -> Response {
+        self.post("/api/v1/chat/completions", &body.to_string())
+    }
+
+    pub fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        let raw: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        send_raw(self.addr, method, path, &raw, body)
+    }
+
+    pub fn logs(&self) -> String {
+        self.host.logs().join("\n")
+    }
+}
+
+/// What the client received.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The `data:` payloads of an SSE body, in order.
+    pub fn events(&self) -> Vec<String> {
+        let text = self.text();
+        assert!(text.ends_with("\n\n"), "stream must end on an event boundary: {text:?}");
+        text.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                e.strip_prefix("data: ")
+                    .unwrap_or_else(|| panic!("not a data event: {e:?}"))
+                    .to_string()
+            })
+            .collect()
+    }
+
+    /// Asserts the contract's error envelope and returns it.
+    pub fn assert_error(&self, status: u16, kind: &str, code: &str, param: Option<&str>) -> Value {
+        assert_eq!(self.status, status, "body: {}", self.text());
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/json"),
+            "body: {}",
+            self.text()
+        );
+        let v = self.json();
+        let e = &v["error"];
+        assert_eq!(e["type"], kind, "{v}");
+        assert_eq!(e["code"], code, "{v}");
+        match param {
+            Some(p) => assert_eq!(e["param"], p, "{v}"),
+            None => assert!(e["param"].is_null(), "{v}"),
+        }
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        v
+    }
+}
+
+/// One request on a fresh connection, headers as raw bytes so tests can send
+/// what a hostile client would.
+pub fn send_raw(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> Response {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: gateway.local\r\nconnection: close\r\n").into_bytes();
+    for (k, v) in headers {
+        req.extend_from_slice(k.as_bytes());
+        req.extend_from_slice(b": ");
+        req.extend_from_slice(v);
+        req.extend_from_slice(b"\r\n");
+    }
+    if !body.is_empty() || method == "POST" {
+        req.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+    }
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body);
+    stream.write_all(&req).unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> Response {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("no end of headers");
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap();
+    let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let rest = &raw[split + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    let body = if chunked { dechunk(rest) } else { rest.to_vec() };
+    if let Some(len) = headers.iter().find(|(k, _)| k == "content-length") {
+        assert_eq!(
+            len.1.parse::<usize>().unwrap(),
+            body.len(),
+            "content-length disagrees with the body"
+        );
+    }
+    Response { status, headers, body }
+}
+
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
+            panic!("truncated chunked body")
+        };
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&rest[..eol]).split(';').next().unwrap().trim(),
+            16,
+        )
+        .unwrap();
+        rest = &rest[eol + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&rest[..size]);
+        rest = &rest[size + 2..];
+    }
+}

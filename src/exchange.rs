@@ -414,7 +414,10 @@ impl Exchange {
 
     fn new_rewriter(&self) -> StreamRewriter {
         let api = self.provider.and_then(|p| self.config.providers.get(p)).map(|p| p.api);
-        let translator = providers::stream_translator(api.unwrap_or(crate::config::Api::Openai));
+        let translator = match &self.request {
+            Some(request) => providers::stream_translator(api.unwrap_or(crate::config::Api::Openai), request),
+            None => Box::new(providers::openai::OpenAiStream),
+        };
         let include_usage = self.request.as_ref().is_some_and(|r| r.include_usage);
         StreamRewriter::new(
             translator,

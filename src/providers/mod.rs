@@ -80,8 +80,8 @@ pub fn translate_answer(api: Api, request: &ParsedRequest, body: &[u8]) -> Resul
     }
 }
 
-/// A stream translator for the provider's API.
-pub fn stream_translator(api: Api) -> Box<dyn StreamTranslator> {
+/// A stream translator for the provider's API, for this request.
+pub fn stream_translator(api: Api, _request: &ParsedRequest) -> Box<dyn StreamTranslator> {
     match api {
         Api::Openai | Api::Anthropic | Api::Gemini => Box::new(openai::OpenAiStream),
     }

@@ -72,7 +72,11 @@ pub fn test_plugin_config() -> Value {
              "path_prefix": "/v1", "api_key": "fake-openai-key"},
             {"id": "nokey", "api": "openai", "cluster": "fake", "authority": "fake.local",
              "api_key_env": "WAYGATE_TEST_UNSET_KEY"},
-            {"id": "ghost", "api": "openai", "cluster": "nowhere", "authority": "ghost.local", "api_key": "ghost-key"}
+            {"id": "ghost", "api": "openai", "cluster": "nowhere", "authority": "ghost.local", "api_key": "ghost-key"},
+            {"id": "fakeanthropic", "api": "anthropic", "cluster": "fake", "authority": "fake.local",
+             "path_prefix": "/v1", "api_key": "fake-anthropic-key", "default_max_tokens": 1024},
+            {"id": "fakegemini", "api": "gemini", "cluster": "fake", "authority": "fake.local",
+             "path_prefix": "/v1beta", "api_key": "fake-gemini-key"}
         ],
         "models": [
             {"id": "demo/chat", "endpoints": [{"provider": "fake", "model": "ok"}]},

@@ -1,0 +1,128 @@
+//! Legacy `/completions` (native and translated to chat), `GET /models`, and
+//! the access log line.
+
+mod common;
+
+use common::{DEV_KEY, Gateway, NARROW_KEY};
+use serde_json::{Value, json};
+
+#[test]
+fn legacy_goes_to_the_providers_own_completions_when_it_has_one() {
+    let gw = Gateway::start();
+    let r = gw.post("/api/v1/completions", r#"{"model":"fake/ok","prompt":"Say hi","max_tokens":5}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl_"));
+    assert_eq!(v["model"], "fake/ok");
+    assert!(!v["choices"][0]["text"].as_str().unwrap().is_empty());
+    assert!(v["usage"]["total_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(gw.fakes.received()[0].path_only(), "/v1/completions");
+}
+
+#[test]
+fn legacy_is_translated_to_chat_for_providers_without_it() {
+    let gw = Gateway::start();
+    let r = gw.post("/api/v1/completions", r#"{"model":"fakechat/ok","prompt":"Say hi","temperature":0.5}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl_"));
+    assert_eq!(v["model"], "fakechat/ok");
+    let choice = &v["choices"][0];
+    assert!(choice["text"].as_str().unwrap().contains("fake"), "{v}");
+    assert_eq!(choice["finish_reason"], "stop");
+    let sent = &gw.fakes.received()[0];
+    assert_eq!(sent.path_only(), "/v1/chat/completions");
+    let body = sent.body_json().unwrap();
+    assert_eq!(body["messages"], json!([{"role": "user", "content": "Say hi"}]));
+    assert_eq!(body["temperature"], 0.5);
+}
+
+#[test]
+fn legacy_streams_are_text_completion_chunks_both_ways() {
+    let gw = Gateway::start();
+    for model in ["fake/long-4", "fakechat/long-4"] {
+        let r = gw.post("/api/v1/completions", &json!({"model": model, "prompt": "count", "stream": true}).to_string());
+        assert_eq!(r.status, 200, "{model}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some("text/event-stream"));
+        let events = r.events();
+        assert_eq!(events.last().unwrap(), "[DONE]", "{model}");
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+        assert_eq!(text.split_whitespace().count(), 4, "{model}: {events:?}");
+        for c in &chunks {
+            assert_eq!(c["object"], "text_completion", "{model}");
+            assert_eq!(c["model"], model);
+            assert!(c["id"].as_str().unwrap().starts_with("cmpl_"));
+        }
+    }
+}
+
+#[test]
+fn models_lists_what_the_key_may_use() {
+    let gw = Gateway::start();
+    let auth = format!("Bearer {DEV_KEY}");
+    let r = gw.send("GET", "/api/v1/models", &[("authorization", auth.as_str())], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["demo/chat", "demo/keyless"]);
+    assert_eq!(
+        v["data"][0],
+        json!({"id": "demo/chat", "object": "model", "created": 0, "owned_by": "demo", "providers": ["fake"]})
+    );
+    let auth = format!("Bearer {NARROW_KEY}");
+    let r = gw.send("GET", "/api/v1/models", &[("authorization", auth.as_str())], b"");
+    assert_eq!(r.json()["data"], json!([]), "the narrow key may use fake/ok* only");
+    let r = gw.send("GET", "/api/v1/models", &[], b"");
+    r.assert_error(401, "authentication_error", "missing_api_key", None);
+}
+
+#[test]
+fn a_listed_model_routes_to_its_endpoint() {
+    let gw = Gateway::start();
+    let r = gw.chat(json!({"model": "demo/chat", "messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["model"], "demo/chat");
+    assert_eq!(gw.fakes.received()[0].body_json().unwrap()["model"], "ok");
+}
+
+#[test]
+fn one_access_log_line_per_request_without_secrets() {
+    let gw = Gateway::start();
+    let auth = format!("Bearer {DEV_KEY}");
+    let r = gw.send(
+        "POST",
+        "/api/v1/chat/completions",
+        &[
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+            ("x-title", "Test App"),
+            ("http-referer", "https://app.example"),
+        ],
+        br#"{"model":"fake/ok","messages":[{"role":"user","content":"a secret prompt"}]}"#,
+    );
+    assert_eq!(r.status, 200);
+    let logs = gw.logs();
+    let lines: Vec<&str> = logs.lines().filter(|l| l.contains("waygate access")).collect();
+    assert_eq!(lines.len(), 1, "{logs}");
+    let line = lines[0];
+    for needle in [
+        "key=dev",
+        "model=fake/ok",
+        "provider=fake",
+        "attempts=fake:200",
+        "status=200",
+        "title=\"Test App\"",
+        "referer=\"https://app.example\"",
+    ] {
+        assert!(line.contains(needle), "{needle} missing in {line}");
+    }
+    assert!(line.contains("prompt_tokens=") && !line.contains("prompt_tokens=0 "), "{line}");
+    for secret in [DEV_KEY, "fake-openai-key", "a secret prompt"] {
+        assert!(!logs.contains(secret), "{secret} leaked into the log: {logs}");
+    }
+}

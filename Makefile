@@ -35,7 +35,14 @@ run: build
 	  trap 'kill $$fakes 2>/dev/null' EXIT INT TERM; \
 	  $(HOST) -c envoy/local.yaml
 
-test: build
+# The official OpenAI Python client, pinned, for the client-level tests.
+PYENV := target/pyenv
+$(PYENV)/.installed: tests/clients/requirements.txt
+	python3 -m venv $(PYENV)
+	$(PYENV)/bin/pip install -q -r tests/clients/requirements.txt
+	touch $@
+
+test: build $(PYENV)/.installed
 	$(CARGO) test --release --workspace
 
 lint: toolchain

@@ -20,47 +20,207 @@ const BAD_CHAT_BODIES: &[(&str, &str, Option<&str>)] = &[
     ("[]", "invalid_json", None),
     ("\"a string\"", "invalid_json", None),
     ("{}", "missing_field", Some("model")),
-    (r#"{"messages":[{"role":"user","content":"x"}]}"#, "missing_field", Some("model")),
-    (r#"{"model":null,"messages":[{"role":"user","content":"x"}]}"#, "missing_field", Some("model")),
-    (r#"{"model":42,"messages":[{"role":"user","content":"x"}]}"#, "invalid_type", Some("model")),
+    (
+        r#"{"messages":[{"role":"user","content":"x"}]}"#,
+        "missing_field",
+        Some("model"),
+    ),
+    (
+        r#"{"model":null,"messages":[{"role":"user","content":"x"}]}"#,
+        "missing_field",
+        Some("model"),
+    ),
+    (
+        r#"{"model":42,"messages":[{"role":"user","content":"x"}]}"#,
+        "invalid_type",
+        Some("model"),
+    ),
     (r#"{"model":"fake/ok"}"#, "missing_field", Some("messages")),
-    (r#"{"model":"fake/ok","messages":"hi"}"#, "invalid_type", Some("messages")),
-    (r#"{"model":"fake/ok","messages":[]}"#, "invalid_value", Some("messages")),
-    (r#"{"model":"fake/ok","messages":["hi"]}"#, "invalid_type", Some("messages.0")),
-    (r#"{"model":"fake/ok","messages":[{"content":"x"}]}"#, "missing_field", Some("messages.0.role")),
-    (r#"{"model":"fake/ok","messages":[{"role":"wizard","content":"x"}]}"#, "invalid_value", Some("messages.0.role")),
-    (r#"{"model":"fake/ok","messages":[{"role":7,"content":"x"}]}"#, "invalid_type", Some("messages.0.role")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user"}]}"#, "missing_field", Some("messages.0.content")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":5}]}"#, "invalid_type", Some("messages.0.content")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"video"}]}]}"#, "invalid_value", Some("messages.1.content.0.type")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":[{"type":"text"}]}]}"#, "invalid_type", Some("messages.0.content.0.text")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]}"#, "missing_field", Some("messages.0.content.0.image_url.url")),
-    (r#"{"model":"fake/ok","messages":[{"role":"tool","content":"42"}]}"#, "missing_field", Some("messages.0.tool_call_id")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"temperature":2.5}"#, "invalid_value", Some("temperature")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#, "invalid_type", Some("temperature")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"top_p":1.5}"#, "invalid_value", Some("top_p")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#, "invalid_value", Some("max_tokens")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"max_tokens":"10"}"#, "invalid_type", Some("max_tokens")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"n":0}"#, "invalid_value", Some("n")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"stop":7}"#, "invalid_type", Some("stop")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"stop":["a",1]}"#, "invalid_type", Some("stop.1")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"presence_penalty":3}"#, "invalid_value", Some("presence_penalty")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"frequency_penalty":-3}"#, "invalid_value", Some("frequency_penalty")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"seed":"abc"}"#, "invalid_type", Some("seed")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"user":5}"#, "invalid_type", Some("user")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, "invalid_type", Some("stream")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}}"#, "invalid_type", Some("stream_options.include_usage")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}"#, "invalid_value", Some("response_format.type")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"tools":{}}"#, "invalid_type", Some("tools")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":[]}"#, "invalid_type", Some("waygate")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"max_provider_tries":0}}}"#, "invalid_value", Some("waygate.routing.max_provider_tries")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"max_provider_tries":1.5}}}"#, "invalid_type", Some("waygate.routing.max_provider_tries")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"prefer":"fake"}}}"#, "invalid_type", Some("waygate.routing.prefer")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"prefer":["atlantis"]}}}"#, "invalid_value", Some("waygate.routing.prefer.0")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"allow_fallbacks":"no"}}}"#, "invalid_type", Some("waygate.routing.allow_fallbacks")),
-    (r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"order":["fake"]}}}"#, "unsupported_parameter", Some("waygate.routing.order")),
-    (r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#, "invalid_value", Some("model")),
-    (r#"{"model":"fake/","messages":[{"role":"user","content":"x"}]}"#, "invalid_value", Some("model")),
+    (
+        r#"{"model":"fake/ok","messages":"hi"}"#,
+        "invalid_type",
+        Some("messages"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[]}"#,
+        "invalid_value",
+        Some("messages"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":["hi"]}"#,
+        "invalid_type",
+        Some("messages.0"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"content":"x"}]}"#,
+        "missing_field",
+        Some("messages.0.role"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"wizard","content":"x"}]}"#,
+        "invalid_value",
+        Some("messages.0.role"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":7,"content":"x"}]}"#,
+        "invalid_type",
+        Some("messages.0.role"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user"}]}"#,
+        "missing_field",
+        Some("messages.0.content"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":5}]}"#,
+        "invalid_type",
+        Some("messages.0.content"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"video"}]}]}"#,
+        "invalid_value",
+        Some("messages.1.content.0.type"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":[{"type":"text"}]}]}"#,
+        "invalid_type",
+        Some("messages.0.content.0.text"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]}"#,
+        "missing_field",
+        Some("messages.0.content.0.image_url.url"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"tool","content":"42"}]}"#,
+        "missing_field",
+        Some("messages.0.tool_call_id"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"temperature":2.5}"#,
+        "invalid_value",
+        Some("temperature"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#,
+        "invalid_type",
+        Some("temperature"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"top_p":1.5}"#,
+        "invalid_value",
+        Some("top_p"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#,
+        "invalid_value",
+        Some("max_tokens"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"max_tokens":"10"}"#,
+        "invalid_type",
+        Some("max_tokens"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"n":0}"#,
+        "invalid_value",
+        Some("n"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"stop":7}"#,
+        "invalid_type",
+        Some("stop"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"stop":["a",1]}"#,
+        "invalid_type",
+        Some("stop.1"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"presence_penalty":3}"#,
+        "invalid_value",
+        Some("presence_penalty"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"frequency_penalty":-3}"#,
+        "invalid_value",
+        Some("frequency_penalty"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"seed":"abc"}"#,
+        "invalid_type",
+        Some("seed"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"user":5}"#,
+        "invalid_type",
+        Some("user"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#,
+        "invalid_type",
+        Some("stream"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}}"#,
+        "invalid_type",
+        Some("stream_options.include_usage"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}"#,
+        "invalid_value",
+        Some("response_format.type"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"tools":{}}"#,
+        "invalid_type",
+        Some("tools"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":[]}"#,
+        "invalid_type",
+        Some("waygate"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"max_provider_tries":0}}}"#,
+        "invalid_value",
+        Some("waygate.routing.max_provider_tries"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"max_provider_tries":1.5}}}"#,
+        "invalid_type",
+        Some("waygate.routing.max_provider_tries"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"prefer":"fake"}}}"#,
+        "invalid_type",
+        Some("waygate.routing.prefer"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"prefer":["atlantis"]}}}"#,
+        "invalid_value",
+        Some("waygate.routing.prefer.0"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"allow_fallbacks":"no"}}}"#,
+        "invalid_type",
+        Some("waygate.routing.allow_fallbacks"),
+    ),
+    (
+        r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"waygate":{"routing":{"order":["fake"]}}}"#,
+        "unsupported_parameter",
+        Some("waygate.routing.order"),
+    ),
+    (
+        r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#,
+        "invalid_value",
+        Some("model"),
+    ),
+    (
+        r#"{"model":"fake/","messages":[{"role":"user","content":"x"}]}"#,
+        "invalid_value",
+        Some("model"),
+    ),
 ];
 
 #[test]
@@ -79,10 +239,22 @@ fn bad_legacy_bodies_get_400() {
     let gw = Gateway::start();
     for (body, code, param) in [
         (r#"{"model":"fake/ok"}"#, "missing_field", Some("prompt")),
-        (r#"{"model":"fake/ok","prompt":["a","b"]}"#, "invalid_type", Some("prompt")),
+        (
+            r#"{"model":"fake/ok","prompt":["a","b"]}"#,
+            "invalid_type",
+            Some("prompt"),
+        ),
         (r#"{"prompt":"a"}"#, "missing_field", Some("model")),
-        (r#"{"model":"fake/ok","prompt":"a","temperature":-1}"#, "invalid_value", Some("temperature")),
-        (r#"{"model":"fakechat/ok","prompt":"a","echo":true}"#, "unsupported_parameter", Some("echo")),
+        (
+            r#"{"model":"fake/ok","prompt":"a","temperature":-1}"#,
+            "invalid_value",
+            Some("temperature"),
+        ),
+        (
+            r#"{"model":"fakechat/ok","prompt":"a","echo":true}"#,
+            "unsupported_parameter",
+            Some("echo"),
+        ),
     ] {
         post(&gw, LEGACY, body).assert_error(400, "invalid_request_error", code, param);
     }
@@ -91,7 +263,11 @@ fn bad_legacy_bodies_get_400() {
 #[test]
 fn unknown_models_are_404_model_not_found() {
     let gw = Gateway::start();
-    for model in ["gpt-4o", "atlantis/gpt", "demo/missing-from-list-but-demo-is-no-provider"] {
+    for model in [
+        "gpt-4o",
+        "atlantis/gpt",
+        "demo/missing-from-list-but-demo-is-no-provider",
+    ] {
         let r = gw.chat(json!({"model": model, "messages": [{"role": "user", "content": "x"}]}));
         r.assert_error(404, "invalid_request_error", "model_not_found", Some("model"));
     }
@@ -125,7 +301,10 @@ fn keys_are_checked_before_anything_else() {
         gw.addr,
         "POST",
         CHAT,
-        &[("authorization", b"  bEaReR   wg-dev-key  "), ("content-type", b"application/json")],
+        &[
+            ("authorization", b"  bEaReR   wg-dev-key  "),
+            ("content-type", b"application/json"),
+        ],
         body,
     );
     assert_eq!(r.status, 200, "{}", r.text());
@@ -141,7 +320,8 @@ fn endpoints_methods_media_types_and_sizes() {
 
     gw.send("POST", "/api/v1/embeddings", &json_headers, body.as_bytes())
         .assert_error(404, "invalid_request_error", "unknown_endpoint", None);
-    gw.send("GET", "/api/v1", &json_headers, b"").assert_error(404, "invalid_request_error", "unknown_endpoint", None);
+    gw.send("GET", "/api/v1", &json_headers, b"")
+        .assert_error(404, "invalid_request_error", "unknown_endpoint", None);
 
     let r = gw.send("GET", CHAT, &json_headers, b"");
     r.assert_error(405, "invalid_request_error", "method_not_allowed", None);
@@ -151,19 +331,41 @@ fn endpoints_methods_media_types_and_sizes() {
     assert_eq!(r.header("allow"), Some("GET"));
 
     for ct in ["text/plain", "application/x-www-form-urlencoded", "application/jsonx"] {
-        gw.send("POST", CHAT, &[("authorization", auth.as_str()), ("content-type", ct)], body.as_bytes())
-            .assert_error(415, "invalid_request_error", "unsupported_media_type", None);
+        gw.send(
+            "POST",
+            CHAT,
+            &[("authorization", auth.as_str()), ("content-type", ct)],
+            body.as_bytes(),
+        )
+        .assert_error(415, "invalid_request_error", "unsupported_media_type", None);
     }
     gw.send("POST", CHAT, &[("authorization", auth.as_str())], body.as_bytes())
         .assert_error(415, "invalid_request_error", "unsupported_media_type", None);
-    let r = gw.send("POST", CHAT, &[("authorization", auth.as_str()), ("content-type", "Application/JSON; charset=utf-8")], body.as_bytes());
+    let r = gw.send(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", auth.as_str()),
+            ("content-type", "Application/JSON; charset=utf-8"),
+        ],
+        body.as_bytes(),
+    );
     assert_eq!(r.status, 200, "{}", r.text());
 
     // Over max_request_bytes (64 KiB in the test config): 413 from the filter, in JSON.
-    let big = format!(r#"{{"model":"fake/ok","messages":[{{"role":"user","content":"{}"}}]}}"#, "a".repeat(70_000));
-    gw.send("POST", CHAT, &json_headers, big.as_bytes()).assert_error(413, "invalid_request_error", "body_too_large", None);
+    let big = format!(
+        r#"{{"model":"fake/ok","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "a".repeat(70_000)
+    );
+    gw.send("POST", CHAT, &json_headers, big.as_bytes()).assert_error(
+        413,
+        "invalid_request_error",
+        "body_too_large",
+        None,
+    );
     // An empty body is not JSON.
-    gw.send("POST", CHAT, &json_headers, b"").assert_error(400, "invalid_request_error", "invalid_json", None);
+    gw.send("POST", CHAT, &json_headers, b"")
+        .assert_error(400, "invalid_request_error", "invalid_json", None);
 }
 
 #[test]
@@ -171,12 +373,27 @@ fn a_narrow_key_may_not_use_other_models() {
     let gw = Gateway::start();
     let auth = format!("Bearer {NARROW_KEY}");
     let headers = [("authorization", auth.as_str()), ("content-type", "application/json")];
-    let r = gw.send("POST", CHAT, &headers, br#"{"model":"fake/echo","messages":[{"role":"user","content":"x"}]}"#);
+    let r = gw.send(
+        "POST",
+        CHAT,
+        &headers,
+        br#"{"model":"fake/echo","messages":[{"role":"user","content":"x"}]}"#,
+    );
     r.assert_error(403, "permission_error", "model_not_allowed", Some("model"));
-    let r = gw.send("POST", CHAT, &headers, br#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}]}"#);
+    let r = gw.send(
+        "POST",
+        CHAT,
+        &headers,
+        br#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}]}"#,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     // 404 for an unknown model comes before 403.
-    let r = gw.send("POST", CHAT, &headers, br#"{"model":"atlantis/x","messages":[{"role":"user","content":"x"}]}"#);
+    let r = gw.send(
+        "POST",
+        CHAT,
+        &headers,
+        br#"{"model":"atlantis/x","messages":[{"role":"user","content":"x"}]}"#,
+    );
     r.assert_error(404, "invalid_request_error", "model_not_found", Some("model"));
 }
 
@@ -193,11 +410,15 @@ fn no_candidate_at_all_is_503_no_provider_available() {
 fn provider_client_errors_keep_status_message_and_name_the_provider() {
     let gw = Gateway::start();
     for status in [400, 413, 422] {
-        let r = gw.chat(json!({"model": format!("fake/status-{status}"), "messages": [{"role": "user", "content": "x"}]}));
+        let r =
+            gw.chat(json!({"model": format!("fake/status-{status}"), "messages": [{"role": "user", "content": "x"}]}));
         // The fake's body has no string code: provider_error, message kept.
         let v = r.assert_error(status, "invalid_request_error", "provider_error", None);
         assert_eq!(v["error"]["provider"], "fake", "{v}");
-        assert_eq!(v["error"]["message"], "The fake provider was asked to fail with this status.");
+        assert_eq!(
+            v["error"]["message"],
+            "The fake provider was asked to fail with this status."
+        );
         assert_eq!(r.header("x-waygate-attempts"), Some(format!("fake:{status}").as_str()));
         assert_eq!(r.header("x-waygate-provider"), Some("fake"));
     }
@@ -214,7 +435,13 @@ fn a_failed_last_attempt_decides_the_answer() {
     for status in [500, 503, 529, 401, 403, 404, 409] {
         let r = ask(&format!("fake/status-{status}"));
         let v = r.assert_error(502, "upstream_error", "upstream_error", None);
-        assert!(v["error"]["message"].as_str().unwrap().contains(&format!("fake: {status}")), "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("fake: {status}")),
+            "{v}"
+        );
         assert_eq!(r.header("x-waygate-attempts"), Some(format!("fake:{status}").as_str()));
     }
     ask("fake/status-408").assert_error(504, "upstream_error", "upstream_timeout", None);
@@ -249,7 +476,11 @@ fn spoofed_cluster_and_waygate_headers_are_stripped_on_every_path() {
     assert_eq!(r.status, 200, "{}", r.text());
     let got = gw.fakes.received();
     assert_eq!(got.len(), 1);
-    assert!(got[0].headers.iter().all(|(k, _)| !k.starts_with("x-waygate-")), "{:?}", got[0].headers);
+    assert!(
+        got[0].headers.iter().all(|(k, _)| !k.starts_with("x-waygate-")),
+        "{:?}",
+        got[0].headers
+    );
 }
 
 #[test]
@@ -265,7 +496,11 @@ fn non_utf8_client_headers_do_not_crash_the_filter() {
             gw.addr,
             "POST",
             CHAT,
-            &[("authorization", b"Bearer wg-dev-key"), ("content-type", b"application/json"), (name, value)],
+            &[
+                ("authorization", b"Bearer wg-dev-key"),
+                ("content-type", b"application/json"),
+                (name, value),
+            ],
             body,
         );
         assert!(r.status == 200 || r.status == 415, "{name}: {} {}", r.status, r.text());

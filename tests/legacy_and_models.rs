@@ -9,7 +9,10 @@ use serde_json::{Value, json};
 #[test]
 fn legacy_goes_to_the_providers_own_completions_when_it_has_one() {
     let gw = Gateway::start();
-    let r = gw.post("/api/v1/completions", r#"{"model":"fake/ok","prompt":"Say hi","max_tokens":5}"#);
+    let r = gw.post(
+        "/api/v1/completions",
+        r#"{"model":"fake/ok","prompt":"Say hi","max_tokens":5}"#,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["object"], "text_completion");
@@ -23,7 +26,10 @@ fn legacy_goes_to_the_providers_own_completions_when_it_has_one() {
 #[test]
 fn legacy_is_translated_to_chat_for_providers_without_it() {
     let gw = Gateway::start();
-    let r = gw.post("/api/v1/completions", r#"{"model":"fakechat/ok","prompt":"Say hi","temperature":0.5}"#);
+    let r = gw.post(
+        "/api/v1/completions",
+        r#"{"model":"fakechat/ok","prompt":"Say hi","temperature":0.5}"#,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["object"], "text_completion");
@@ -43,12 +49,18 @@ fn legacy_is_translated_to_chat_for_providers_without_it() {
 fn legacy_streams_are_text_completion_chunks_both_ways() {
     let gw = Gateway::start();
     for model in ["fake/long-4", "fakechat/long-4"] {
-        let r = gw.post("/api/v1/completions", &json!({"model": model, "prompt": "count", "stream": true}).to_string());
+        let r = gw.post(
+            "/api/v1/completions",
+            &json!({"model": model, "prompt": "count", "stream": true}).to_string(),
+        );
         assert_eq!(r.status, 200, "{model}: {}", r.text());
         assert_eq!(r.header("content-type"), Some("text/event-stream"));
         let events = r.events();
         assert_eq!(events.last().unwrap(), "[DONE]", "{model}");
-        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
         let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
         assert_eq!(text.split_whitespace().count(), 4, "{model}: {events:?}");
         for c in &chunks {
@@ -68,7 +80,12 @@ fn models_lists_what_the_key_may_use() {
     assert_eq!(r.header("content-type"), Some("application/json"));
     let v = r.json();
     assert_eq!(v["object"], "list");
-    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["demo/chat", "demo/keyless"]);
     assert_eq!(
         v["data"][0],
@@ -121,7 +138,10 @@ fn one_access_log_line_per_request_without_secrets() {
     ] {
         assert!(line.contains(needle), "{needle} missing in {line}");
     }
-    assert!(line.contains("prompt_tokens=") && !line.contains("prompt_tokens=0 "), "{line}");
+    assert!(
+        line.contains("prompt_tokens=") && !line.contains("prompt_tokens=0 "),
+        "{line}"
+    );
     for secret in [DEV_KEY, "fake-openai-key", "a secret prompt"] {
         assert!(!logs.contains(secret), "{secret} leaked into the log: {logs}");
     }

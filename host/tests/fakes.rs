@@ -905,3 +905,38 @@ fn gemini_checks_key_and_body() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["candidates"][0]["finishReason"], "MAX_TOKENS");
 }
+
+// ---------------------------------------------------------------- fixtures
+
+#[test]
+fn every_fixture_is_listed_in_its_sources() {
+    let root = format!("{}/../tests/fixtures", env!("CARGO_MANIFEST_DIR"));
+    for provider in ["openai", "anthropic", "gemini"] {
+        let sources = fixture(&format!("{provider}/SOURCES.md"));
+        let listed: Vec<String> = sources
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .map(str::to_owned)
+            .collect();
+        let mut files: Vec<String> = std::fs::read_dir(format!("{root}/{provider}"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n != "SOURCES.md")
+            .collect();
+        files.sort();
+        let mut sorted = listed.clone();
+        sorted.sort();
+        assert_eq!(files, sorted, "{provider}: files vs SOURCES.md");
+        for name in files.iter().filter(|n| n.ends_with(".json")) {
+            serde_json::from_str::<Value>(&fixture(&format!("{provider}/{name}"))).unwrap();
+        }
+        for name in files.iter().filter(|n| n.ends_with(".sse")) {
+            let data = sse_data(&fixture(&format!("{provider}/{name}")));
+            assert!(
+                !data.is_empty() && data.iter().all(|d| d.is_object() || d == "[DONE]"),
+                "{name}"
+            );
+        }
+    }
+}

@@ -13,6 +13,7 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
+#[link(wasm_import_module = "env")]
 extern "C" {
     fn proxy_get_header_map_value(map: u32, kd: *const u8, ks: usize, rd: *mut *mut u8, rs: *mut usize) -> u32;
     fn proxy_get_header_map_pairs(map: u32, rd: *mut *mut u8, rs: *mut usize) -> u32;
@@ -115,7 +116,7 @@ impl RootContext for Root {
         }
         if let Some(rest) = cfg.strip_prefix("root-call:") {
             self.calls += 1;
-            let r = self.dispatch_http_call(rest, vec![(":method", "GET"), (":path", "/root"), (":authority", "x")], vec![], vec![], Duration::from_secs(5));
+            let r = self.dispatch_http_call(rest, vec![(":method", "GET"), (":path", "/root"), (":authority", "x")], None, vec![], Duration::from_secs(5));
             log::info!("root dispatch {:?}", r.is_ok());
         }
         true
@@ -253,7 +254,7 @@ impl HttpContext for Probe {
                 let body = self.get_http_request_body(0, size).unwrap_or_default();
                 let new = String::from_utf8_lossy(&body).to_uppercase() + "!";
                 self.set_http_request_body(0, size, new.as_bytes());
-                if self.is("cl-fixed") || self.is("buffer") {
+                if self.is("cl-fixed") || self.is("buffer") || self.is("body-headers") {
                     self.set_http_request_header("content-length", Some(&new.len().to_string()));
                 }
                 if self.is("body-headers") {

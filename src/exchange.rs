@@ -83,6 +83,30 @@ pub enum ResponseAction {
     /// Hold the headers, buffer the whole body, then call
     /// [`Exchange::on_buffered_body`].
     Buffer,
+    /// This attempt failed before any byte reached the client: hold the
+    /// response (its body is dropped) and send this call to the next
+    /// candidate; its answer comes to [`Exchange::on_call_response`].
+    Fallback(Call),
+}
+
+/// A fallback attempt, sent with `dispatch_http_call`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub cluster: String,
+    /// Pseudo-headers (`:method`, `:path`, `:authority`) first.
+    pub headers: Vec<Header>,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// What to do with a fallback call's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallStep {
+    /// That one failed too: try this next.
+    Dispatch(Call),
+    /// The final answer, sent as a local reply that replaces the held
+    /// upstream response.
+    Reply(Rewrite),
 }
 
 /// The final shape of a buffered answer.
@@ -112,6 +136,7 @@ enum Phase {
     Replied,
     ReadingBody(Operation),
     Upstream,
+    Calling,
     Streaming,
     Buffering {
         status: u16,
@@ -134,6 +159,12 @@ pub struct Exchange {
     /// The provider currently serving, and every attempt made so far.
     provider: Option<usize>,
     attempts: Vec<(usize, String)>,
+    /// Candidates in order, the next one to try, and the bound on tries.
+    plan: Vec<Candidate>,
+    next: usize,
+    max_tries: usize,
+    /// Why the first candidate that could not express the request refused.
+    refusal: Option<ApiError>,
     stream: Option<StreamRewriter>,
     status: u16,
     usage: Option<Usage>,
@@ -153,6 +184,10 @@ impl Exchange {
             stamp: None,
             provider: None,
             attempts: Vec::new(),
+            plan: Vec::new(),
+            next: 0,
+            max_tries: 0,
+            refusal: None,
             stream: None,
             status: 0,
             usage: None,
@@ -307,7 +342,8 @@ impl Exchange {
             .with_param("model"));
         }
         let directive = routing::parse_directive(&cfg, &request.body)?;
-        let plan = routing::plan(&cfg, defaults, &directive);
+        self.plan = routing::plan(&cfg, defaults, &directive);
+        self.max_tries = routing::max_tries(&cfg, &directive);
         let prefix = match op {
             Operation::Chat => "chatcmpl_",
             Operation::Completions => "cmpl_",
@@ -318,48 +354,129 @@ impl Exchange {
             model: request.model.clone(),
             created: now,
         });
+        let model = request.model.clone();
+        self.request = Some(request);
 
-        // The first candidate whose API can express the request goes first.
-        let mut refusal = None;
-        for candidate in &plan {
+        match self.next_upstream() {
+            Some((provider, upstream)) => Ok(self.forward(&cfg, provider, upstream)),
+            None => Err(self.refusal.take().unwrap_or_else(|| routing::no_provider(&model))),
+        }
+    }
+
+    /// Builds the request for the next candidate whose API can express it,
+    /// while tries remain. Translation starts from the parsed original every
+    /// time, so it is the same whichever attempt it is.
+    fn next_upstream(&mut self) -> Option<(usize, UpstreamRequest)> {
+        if self.attempts.len() >= self.max_tries {
+            return None;
+        }
+        let cfg = Rc::clone(&self.config);
+        let request = self.request.as_ref()?;
+        while let Some(candidate) = self.plan.get(self.next) {
+            self.next += 1;
             let Some(provider) = cfg.providers.get(candidate.provider) else {
                 continue;
             };
-            match providers::build_request(provider, &request, &candidate.upstream_model, &cfg.routing_field) {
+            match providers::build_request(provider, request, &candidate.upstream_model, &cfg.routing_field) {
                 Ok(upstream) => {
-                    let forward = self.forward(&cfg, provider, candidate, upstream);
-                    self.request = Some(request);
-                    return Ok(forward);
+                    self.provider = Some(candidate.provider);
+                    return Some((candidate.provider, upstream));
                 }
                 Err(e) => {
                     log::info!("waygate: provider {} skipped: {}", provider.id, e.message);
-                    refusal.get_or_insert(e);
+                    self.refusal.get_or_insert(e);
                 }
             }
         }
-        Err(refusal.unwrap_or_else(|| routing::no_provider(&request.model)))
+        None
     }
 
-    fn forward(
-        &mut self,
-        cfg: &Config,
-        provider: &Provider,
-        candidate: &Candidate,
-        upstream: UpstreamRequest,
-    ) -> Forward {
-        self.provider = Some(candidate.provider);
+    fn forward(&mut self, cfg: &Config, provider: usize, upstream: UpstreamRequest) -> Forward {
+        let Some(provider) = cfg.providers.get(provider) else {
+            return Forward {
+                remove: Vec::new(),
+                set: Vec::new(),
+                body: upstream.body,
+            };
+        };
         let mut set: Vec<Header> = vec![
             (":path".into(), upstream.path),
             (":authority".into(), provider.authority.clone()),
             (cfg.cluster_header.clone(), provider.cluster.clone()),
             ("content-type".into(), "application/json".into()),
             ("content-length".into(), upstream.body.len().to_string()),
+            // The provider's time budget for this attempt: the route itself
+            // has no timeout (it would cut long streams), and Envoy's router
+            // honours this header as the attempt's timeout.
+            ("x-envoy-upstream-rq-timeout-ms".into(), provider.timeout_ms.to_string()),
         ];
         set.extend(upstream.headers);
         Forward {
             remove: HOP_HEADERS_TO_DROP.iter().map(|h| h.to_string()).collect(),
             set,
             body: upstream.body,
+        }
+    }
+
+    /// The next fallback call, if a candidate is left.
+    fn next_call(&mut self) -> Option<Call> {
+        let (provider, upstream) = self.next_upstream()?;
+        let provider = self.config.providers.get(provider)?;
+        let mut headers: Vec<Header> = vec![
+            (":method".into(), "POST".into()),
+            (":path".into(), upstream.path),
+            (":authority".into(), provider.authority.clone()),
+            ("content-type".into(), "application/json".into()),
+        ];
+        headers.extend(upstream.headers);
+        Some(Call {
+            cluster: provider.cluster.clone(),
+            headers,
+            body: upstream.body,
+            timeout_ms: provider.timeout_ms,
+        })
+    }
+
+    /// A fallback call's answer. `head.status` is 0 when the call was reset
+    /// (no headers at all).
+    pub fn on_call_response(&mut self, head: &ResponseHead<'_>, body: &[u8]) -> CallStep {
+        if !matches!(self.phase, Phase::Calling) {
+            return CallStep::Reply(self.rewrite_error(&internal("call answer in an unexpected phase"), false));
+        }
+        // An http_call reports Envoy's own failures as ordinary responses;
+        // only the router's text tells a connect failure or timeout apart.
+        let router_error = head.status == 0 || is_envoy_local_reply(head.status, body);
+        self.record_attempt(head.status, router_error);
+        if retryable(head.status, router_error)
+            && let Some(call) = self.next_call()
+        {
+            return CallStep::Dispatch(call);
+        }
+        self.phase = Phase::Buffering {
+            status: if head.status == 0 { 503 } else { head.status },
+            retry_after: head.retry_after.map(|v| String::from_utf8_lossy(v).trim().to_string()),
+            router_error,
+            event_stream: head
+                .content_type
+                .is_some_and(|ct| starts_with_ignore_case(ct, b"text/event-stream")),
+        };
+        CallStep::Reply(self.on_buffered_body(body))
+    }
+
+    /// The host refused to dispatch a fallback call (unknown cluster): that
+    /// candidate counts as an attempt that failed to connect.
+    pub fn on_call_refused(&mut self) -> CallStep {
+        self.on_call_response(&ResponseHead::default(), &[])
+    }
+
+    fn record_attempt(&mut self, status: u16, router_error: bool) {
+        let outcome = if router_error {
+            "error".to_string()
+        } else {
+            status.to_string()
+        };
+        if let Some(p) = self.provider {
+            self.attempts.push((p, outcome));
         }
     }
 
@@ -373,13 +490,12 @@ impl Exchange {
             return (ResponseAction::Continue, None);
         }
         let router_error = head.code_details.is_some_and(|d| d != "via_upstream");
-        let outcome = if router_error {
-            "error".to_string()
-        } else {
-            head.status.to_string()
-        };
-        if let Some(p) = self.provider {
-            self.attempts.push((p, outcome));
+        self.record_attempt(head.status, router_error);
+        if retryable(head.status, router_error)
+            && let Some(call) = self.next_call()
+        {
+            self.phase = Phase::Calling;
+            return (ResponseAction::Fallback(call), None);
         }
         let ok = (200..300).contains(&head.status) && !router_error;
         let event_stream = head
@@ -725,6 +841,21 @@ fn too_large(limit: u64) -> ApiError {
         "body_too_large",
         format!("Request body is larger than {limit} bytes."),
     )
+}
+
+/// Contract §5: what makes a candidate be abandoned for the next one.
+fn retryable(status: u16, router_error: bool) -> bool {
+    router_error || matches!(status, 401 | 403 | 404 | 408 | 409 | 429) || (500..=599).contains(&status)
+}
+
+/// Envoy's own replies to an `http_call` (connect failure, reset, timeout),
+/// told apart from a provider's answer with the same status by their text.
+fn is_envoy_local_reply(status: u16, body: &[u8]) -> bool {
+    match status {
+        503 => body.starts_with(b"upstream connect error") || body.starts_with(b"no healthy upstream"),
+        504 => body == b"upstream request timeout",
+        _ => false,
+    }
 }
 
 /// The part of `path` after `base`, when `path` is `base` or below it.

@@ -129,8 +129,10 @@ fn unknown(param: &str) -> ApiError {
     )
 }
 
-/// Applies the directive to the default candidates and bounds the list.
-/// Providers without a credential are never candidates.
+/// Applies the directive to the default candidates. Providers without a
+/// credential are never candidates. The list is not bounded here: a
+/// candidate whose API cannot express the request is skipped without
+/// counting as a try (see [`max_tries`]).
 pub fn plan(config: &Config, defaults: Vec<Candidate>, directive: &Directive) -> Vec<Candidate> {
     let mut ordered: Vec<Candidate> = Vec::with_capacity(defaults.len());
     for id in &directive.prefer {
@@ -152,9 +154,14 @@ pub fn plan(config: &Config, defaults: Vec<Candidate>, directive: &Directive) ->
         ordered.extend(defaults.into_iter().take(1));
     }
     ordered.retain(|c| config.providers.get(c.provider).is_some_and(|p| p.credential.is_some()));
-    let tries = directive.max_provider_tries.unwrap_or(config.max_provider_tries);
-    ordered.truncate(usize::try_from(tries).unwrap_or(usize::MAX));
     ordered
+}
+
+/// How many providers one request may try: the request's value wins over
+/// the plugin setting.
+pub fn max_tries(config: &Config, directive: &Directive) -> usize {
+    let tries = directive.max_provider_tries.unwrap_or(config.max_provider_tries);
+    usize::try_from(tries).unwrap_or(usize::MAX)
 }
 
 /// The 503 for an empty plan.
@@ -233,12 +240,14 @@ mod tests {
     }
 
     #[test]
-    fn tries_bound_the_plan() {
+    fn the_request_bounds_tries_over_the_plugin_setting() {
         let c = config();
         let d = directive(&c, json!({"waygate":{"routing":{"max_provider_tries":1}}})).unwrap();
-        assert_eq!(plan(&c, resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d).len(), 1);
+        assert_eq!(max_tries(&c, &d), 1);
         let d = directive(&c, json!({"waygate":{"routing":{"max_provider_tries":9}}})).unwrap();
-        assert_eq!(plan(&c, resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d).len(), 2);
+        assert_eq!(max_tries(&c, &d), 9);
+        let d = directive(&c, json!({})).unwrap();
+        assert_eq!(max_tries(&c, &d), 3);
     }
 
     #[test]

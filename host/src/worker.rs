@@ -81,6 +81,11 @@ fn run(
                 return;
             }
         };
+        // Calls a root context made while starting (e.g. from on_configure) go out now.
+        for ctx in &contexts {
+            crate::calls::spawn_pending(ctx);
+            tokio::task::spawn_local(ticks(Rc::clone(ctx)));
+        }
         let _ = ready.send(Ok(()));
         loop {
             tokio::select! {
@@ -112,6 +117,48 @@ fn contexts(spec: &WorkerSpec) -> Result<Vec<Rc<ListenerCtx>>, HostError> {
         }));
     }
     Ok(contexts)
+}
+
+/// `proxy_on_tick` for this worker's root context: the period is per root of each VM, so
+/// every worker ticks on its own (Envoy `Wasm::setTimerPeriod`/`tickHandler`); no tick
+/// while the VM has failed. The period is re-read after every tick, and polled while none
+/// is set.
+async fn ticks(ctx: Rc<ListenerCtx>) {
+    let Some(vm_rc) = ctx.vm.clone() else {
+        return;
+    };
+    loop {
+        let period = match vm_rc.try_borrow() {
+            Ok(vm) if vm.failed => return,
+            Ok(vm) => vm.guest.tick_period(vm.root).filter(|p| !p.is_zero()),
+            Err(_) => None,
+        };
+        let Some(period) = period else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        tokio::time::sleep(period).await;
+        let result = {
+            let Ok(mut vm) = vm_rc.try_borrow_mut() else {
+                continue;
+            };
+            if vm.failed || vm.guest.tick_period(vm.root).is_none_or(|p| p.is_zero()) {
+                continue;
+            }
+            let root = vm.root;
+            let mut scope = vm.guest.enter_root();
+            let result = scope.on_tick(root);
+            drop(scope);
+            if result.is_err() && vm.guest.is_poisoned() {
+                vm.failed = true;
+            }
+            result
+        };
+        if let Err(e) = result {
+            ctx.logs.host(format!("on_tick failed: {e}"));
+        }
+        crate::calls::spawn_pending(&ctx);
+    }
 }
 
 async fn serve(ctx: Rc<ListenerCtx>, accepted: Accepted) {

@@ -162,3 +162,28 @@ fn pausing_headers_is_backpressure_not_413() {
     drop(host);
     let _ = handle.join();
 }
+
+/// conn_manager_impl.cc `onIdleTimeout`: no activity for `stream_idle_timeout` before the
+/// response started gives 408 "stream timeout", details stream_idle_timeout, through the
+/// plugin's response callbacks (here the plugin paused its headers and never resumed).
+#[test]
+fn the_stream_idle_timeout_is_a_408() {
+    let up = Upstream::start();
+    let boot = Boot::new(up.addr);
+    let yaml = boot.yaml().replace(
+        "stat_prefix: main",
+        "stat_prefix: main\n          stream_idle_timeout: 0.3s",
+    );
+    let host = waygate_host::start(
+        &yaml,
+        waygate_host::HostOptions {
+            concurrency: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let r = request(addr(&host), "GET", "/x", &[("x-probe", "pause-forever")], None).unwrap();
+    assert_eq!(r.status, 408);
+    assert_eq!(r.text(), "stream timeout");
+    assert!(wait_for(&host, "resp_headers")[0].contains("details=stream_idle_timeout"));
+}

@@ -21,15 +21,18 @@ const OK: u32 = 0;
 pub type Pair = (Vec<u8>, Vec<u8>);
 
 #[derive(Clone, Copy)]
+/// Header maps, by their ABI number.
 pub enum Map {
-    RequestHeaders = 0,
-    ResponseHeaders = 2,
+    Request = 0,
+    Response = 2,
+    CallResponse = 6,
 }
 
 #[derive(Clone, Copy)]
 pub enum Buffer {
     RequestBody = 0,
     ResponseBody = 1,
+    CallResponseBody = 4,
     PluginConfiguration = 7,
 }
 

@@ -1,6 +1,7 @@
 //! One HTTP stream: Envoy's callbacks in, [`Exchange`] steps applied.
 
 use std::rc::Rc;
+use std::time::Duration;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -8,7 +9,7 @@ use proxy_wasm::types::Action;
 use super::host::{self, Buffer, Map};
 use crate::config::Config;
 use crate::errors::{ApiError, ErrorType};
-use crate::exchange::{Exchange, HeadersAction, Reply, ResponseAction, ResponseHead, Rewrite};
+use crate::exchange::{Call, CallStep, Exchange, HeadersAction, Reply, ResponseAction, ResponseHead, Rewrite};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Response {
@@ -18,6 +19,8 @@ enum Response {
     Expected,
     Streaming,
     Buffering,
+    /// The upstream answer failed and is held while fallback calls run.
+    Calling,
 }
 
 pub struct Stream {
@@ -65,17 +68,65 @@ impl Stream {
         host::now_nanos() / 1_000_000_000
     }
 
+    /// Sends a final answer as a local reply. From the response path, with
+    /// the upstream headers not yet sent, Envoy sends it directly in place of
+    /// the upstream answer. Envoy sets `content-length` itself.
+    fn reply_with(&mut self, rewrite: &Rewrite) -> Action {
+        let headers: Vec<(String, String)> = rewrite
+            .set
+            .iter()
+            .filter(|(k, _)| !k.starts_with(':') && k != "content-length")
+            .cloned()
+            .collect();
+        self.reply(&Reply {
+            status: rewrite.status,
+            headers,
+            body: rewrite.body.clone(),
+        })
+    }
+
+    /// Sends fallback calls until one is dispatched, or the answer is final.
+    fn dispatch(&mut self, mut call: Call) {
+        loop {
+            let headers: Vec<(&str, &str)> = call.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let sent = self.dispatch_http_call(
+                &call.cluster,
+                headers,
+                Some(&call.body),
+                Vec::new(),
+                Duration::from_millis(call.timeout_ms),
+            );
+            let step = match sent {
+                Ok(_token) => return,
+                Err(status) => {
+                    log::warn!(
+                        "waygate: fallback call to cluster {} refused ({status:?})",
+                        call.cluster
+                    );
+                    self.exchange.on_call_refused()
+                }
+            };
+            match step {
+                CallStep::Dispatch(next) => call = next,
+                CallStep::Reply(rewrite) => {
+                    self.reply_with(&rewrite);
+                    return;
+                }
+            }
+        }
+    }
+
     /// Applies a final answer while the response headers are still held.
     fn apply_rewrite(&mut self, rewrite: &Rewrite, body_size: usize) -> Action {
         let edits = rewrite
             .remove
             .iter()
-            .try_for_each(|name| host::remove_header(Map::ResponseHeaders, name))
+            .try_for_each(|name| host::remove_header(Map::Response, name))
             .and_then(|()| {
                 rewrite
                     .set
                     .iter()
-                    .try_for_each(|(k, v)| host::set_header(Map::ResponseHeaders, k, v))
+                    .try_for_each(|(k, v)| host::set_header(Map::Response, k, v))
             })
             .and_then(|()| host::set_buffer(Buffer::ResponseBody, 0, body_size, &rewrite.body));
         match edits {
@@ -87,33 +138,57 @@ impl Stream {
                     "waygate: response edit refused (status {}), replying directly",
                     status.0
                 );
-                let headers: Vec<(String, String)> = rewrite
-                    .set
-                    .iter()
-                    .filter(|(k, _)| !k.starts_with(':'))
-                    .cloned()
-                    .collect();
-                self.reply(&Reply {
-                    status: rewrite.status,
-                    headers,
-                    body: rewrite.body.clone(),
-                })
+                self.reply_with(rewrite)
             }
         }
     }
 }
 
-impl Context for Stream {}
+impl Context for Stream {
+    fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        if self.response != Response::Calling {
+            return;
+        }
+        // Zero headers: the call was reset before an answer.
+        let pairs = if num_headers == 0 {
+            Vec::new()
+        } else {
+            host::header_pairs(Map::CallResponse).unwrap_or_default()
+        };
+        let body = host::buffer(Buffer::CallResponseBody, 0, body_size).unwrap_or_default();
+        let header = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k.as_slice() == name.as_bytes())
+                .map(|(_, v)| v.as_slice())
+        };
+        let head = ResponseHead {
+            status: header(":status")
+                .and_then(|s| std::str::from_utf8(s).ok())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            content_type: header("content-type"),
+            retry_after: header("retry-after"),
+            code_details: None,
+        };
+        match self.exchange.on_call_response(&head, &body) {
+            CallStep::Dispatch(call) => self.dispatch(call),
+            CallStep::Reply(rewrite) => {
+                self.reply_with(&rewrite);
+            }
+        }
+    }
+}
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let pairs = match host::header_pairs(Map::RequestHeaders) {
+        let pairs = match host::header_pairs(Map::Request) {
             Ok(pairs) => pairs,
             Err(status) => return self.internal_error("reading request headers", status),
         };
         let step = self.exchange.on_request_headers(&pairs, end_of_stream);
         for name in &step.remove {
-            if let Err(status) = host::remove_header(Map::RequestHeaders, name) {
+            if let Err(status) = host::remove_header(Map::Request, name) {
                 return self.internal_error("removing a reserved header", status);
             }
         }
@@ -147,13 +222,13 @@ impl HttpContext for Stream {
                         forward
                             .remove
                             .iter()
-                            .try_for_each(|h| host::remove_header(Map::RequestHeaders, h))
+                            .try_for_each(|h| host::remove_header(Map::Request, h))
                     })
                     .and_then(|()| {
                         forward
                             .set
                             .iter()
-                            .try_for_each(|(k, v)| host::set_header(Map::RequestHeaders, k, v))
+                            .try_for_each(|(k, v)| host::set_header(Map::Request, k, v))
                     });
                 match applied {
                     Ok(()) => {
@@ -171,7 +246,7 @@ impl HttpContext for Stream {
         if self.response != Response::Expected {
             return Action::Continue;
         }
-        let pairs = match host::header_pairs(Map::ResponseHeaders) {
+        let pairs = match host::header_pairs(Map::Response) {
             Ok(pairs) => pairs,
             Err(status) => return self.internal_error("reading response headers", status),
         };
@@ -198,11 +273,8 @@ impl HttpContext for Stream {
             (ResponseAction::Stream { remove, set }, _) => {
                 let applied = remove
                     .iter()
-                    .try_for_each(|h| host::remove_header(Map::ResponseHeaders, h))
-                    .and_then(|()| {
-                        set.iter()
-                            .try_for_each(|(k, v)| host::set_header(Map::ResponseHeaders, k, v))
-                    });
+                    .try_for_each(|h| host::remove_header(Map::Response, h))
+                    .and_then(|()| set.iter().try_for_each(|(k, v)| host::set_header(Map::Response, k, v)));
                 if let Err(status) = applied {
                     return self.internal_error("editing stream headers", status);
                 }
@@ -211,18 +283,12 @@ impl HttpContext for Stream {
             }
             // A headers-only answer has no body to edit: a direct local reply
             // (we are in on_response_headers) replaces it.
-            (ResponseAction::Buffer, Some(rewrite)) => {
-                let headers: Vec<(String, String)> = rewrite
-                    .set
-                    .iter()
-                    .filter(|(k, _)| !k.starts_with(':'))
-                    .cloned()
-                    .collect();
-                self.reply(&Reply {
-                    status: rewrite.status,
-                    headers,
-                    body: rewrite.body,
-                })
+            (ResponseAction::Buffer, Some(rewrite)) => self.reply_with(&rewrite),
+            (ResponseAction::Fallback(call), _) => {
+                // Held, so no byte of the failed answer reaches the client.
+                self.response = Response::Calling;
+                self.dispatch(call);
+                Action::Pause
             }
             (ResponseAction::Buffer, None) => {
                 // Held: body callbacks still arrive (allow_on_headers_stop_iteration),
@@ -236,6 +302,8 @@ impl HttpContext for Stream {
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         match self.response {
             Response::Untouched | Response::Expected => Action::Continue,
+            // The failed answer's body is held until the local reply drops it.
+            Response::Calling => Action::Pause,
             Response::Streaming => {
                 // After Continue, the visible buffer is only this chunk.
                 let chunk = match host::buffer(Buffer::ResponseBody, 0, body_size) {
@@ -284,6 +352,7 @@ impl HttpContext for Stream {
                 self.response = Response::Untouched;
                 self.apply_rewrite(&rewrite, body.len())
             }
+            Response::Calling => Action::Pause,
             Response::Untouched | Response::Expected => Action::Continue,
         }
     }

@@ -73,6 +73,11 @@ pub fn test_plugin_config() -> Value {
             {"id": "nokey", "api": "openai", "cluster": "fake", "authority": "fake.local",
              "api_key_env": "WAYGATE_TEST_UNSET_KEY"},
             {"id": "ghost", "api": "openai", "cluster": "nowhere", "authority": "ghost.local", "api_key": "ghost-key"},
+            {"id": "closed", "api": "openai", "cluster": "closed", "authority": "closed.local", "api_key": "closed-key"},
+            {"id": "fastfail", "api": "openai", "cluster": "fake", "authority": "fake.local",
+             "path_prefix": "/v1", "api_key": "fake-openai-key", "timeout_ms": 300},
+            {"id": "backup", "api": "openai", "cluster": "fake", "authority": "fake.local",
+             "path_prefix": "/v1", "api_key": "fake-openai-key"},
             {"id": "fakeanthropic", "api": "anthropic", "cluster": "fake", "authority": "fake.local",
              "path_prefix": "/v1", "api_key": "fake-anthropic-key", "default_max_tokens": 1024},
             {"id": "fakegemini", "api": "gemini", "cluster": "fake", "authority": "fake.local",
@@ -106,7 +111,23 @@ pub fn bootstrap(fake: SocketAddr, plugin: &Value) -> String {
         &mut listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]["typed_config"]["config"];
     wasm["configuration"]["value"] = serde_json::to_string(plugin).unwrap().into();
     wasm["vm_config"]["code"]["local"]["filename"] = wasm_path().to_string_lossy().to_string().into();
+    // A `closed` cluster on a port nobody listens on, routed like the others.
+    let routes =
+        listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+            .as_sequence_mut()
+            .unwrap();
+    let mut closed_route = routes.iter().find(|r| r["name"] == "fake").unwrap().clone();
+    closed_route["name"] = "closed".into();
+    closed_route["match"]["headers"][0]["string_match"]["exact"] = "closed".into();
+    closed_route["route"]["cluster"] = "closed".into();
+    routes.insert(0, closed_route);
     let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
+    let mut closed = clusters.iter().find(|c| c["name"] == "fake").unwrap().clone();
+    closed["name"] = "closed".into();
+    closed["load_assignment"]["cluster_name"] = "closed".into();
+    closed["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
+        closed_port().into();
+    clusters.push(closed);
     for cluster in clusters.iter_mut() {
         if cluster["name"] == "fake" {
             let sa = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
@@ -114,6 +135,27 @@ pub fn bootstrap(fake: SocketAddr, plugin: &Value) -> String {
         }
     }
     serde_yaml::to_string(&doc).unwrap()
+}
+
+/// A local port with nothing listening: bound, then released.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// The test configuration plus a model `chain/x` served by `endpoints`
+/// (provider id, upstream model) in order.
+pub fn chain_config(endpoints: &[(&str, &str)]) -> Value {
+    let mut config = test_plugin_config();
+    let endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|(p, m)| serde_json::json!({"provider": p, "model": m}))
+        .collect();
+    config["models"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"id": "chain/x", "endpoints": endpoints}));
+    config
 }
 
 /// A running gateway and its fake providers.
@@ -175,6 +217,9 @@ pub struct Response {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// False when the connection closed before the body's end (a chunked
+    /// body without its last chunk): what a client sees of a stream reset.
+    pub complete: bool,
 }
 
 impl Response {
@@ -196,6 +241,7 @@ impl Response {
 
     /// The `data:` payloads of an SSE body, in order.
     pub fn events(&self) -> Vec<String> {
+        assert!(self.complete, "the stream was cut: {}", self.text());
         let text = self.text();
         assert!(text.ends_with("\n\n"), "stream must end on an event boundary: {text:?}");
         text.split("\n\n")
@@ -270,7 +316,7 @@ fn parse_response(raw: &[u8]) -> Response {
     let chunked = headers
         .iter()
         .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
-    let body = if chunked { dechunk(rest) } else { rest.to_vec() };
+    let (body, complete) = if chunked { dechunk(rest) } else { (rest.to_vec(), true) };
     if let Some(len) = headers.iter().find(|(k, _)| k == "content-length") {
         assert_eq!(
             len.1.parse::<usize>().unwrap(),
@@ -278,14 +324,20 @@ fn parse_response(raw: &[u8]) -> Response {
             "content-length disagrees with the body"
         );
     }
-    Response { status, headers, body }
+    Response {
+        status,
+        headers,
+        body,
+        complete,
+    }
 }
 
-fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+/// Decodes a chunked body; `false` when it stops before the last chunk.
+fn dechunk(mut rest: &[u8]) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
     loop {
         let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") else {
-            panic!("truncated chunked body")
+            return (out, false);
         };
         let size = usize::from_str_radix(
             String::from_utf8_lossy(&rest[..eol]).split(';').next().unwrap().trim(),
@@ -294,7 +346,11 @@ fn dechunk(mut rest: &[u8]) -> Vec<u8> {
         .unwrap();
         rest = &rest[eol + 2..];
         if size == 0 {
-            return out;
+            return (out, true);
+        }
+        if rest.len() < size + 2 {
+            out.extend_from_slice(&rest[..size.min(rest.len())]);
+            return (out, false);
         }
         out.extend_from_slice(&rest[..size]);
         rest = &rest[size + 2..];

@@ -696,6 +696,18 @@ impl Stream {
         if let Some(host) = host_rewrite {
             headers.set(":authority", host.as_bytes());
         }
+        // Envoy's router lets `x-envoy-upstream-rq-timeout-ms` (set by a filter, or by a
+        // trusted client) override the route's timeout, 0 meaning none, and strips it
+        // before the upstream (router.cc `FilterUtility::finalTimeout`).
+        let timeout = match headers
+            .first_str("x-envoy-upstream-rq-timeout-ms")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            Some(0) => None,
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => timeout,
+        };
+        headers.remove("x-envoy-upstream-rq-timeout-ms");
         self.route_timeout = timeout;
         if let Some(idle) = idle_timeout {
             self.idle_timeout = Some(idle);

@@ -21,7 +21,18 @@ extern "C" {
     fn proxy_set_buffer_bytes(buffer: u32, start: usize, size: usize, d: *const u8, s: usize) -> u32;
     fn proxy_get_buffer_bytes(buffer: u32, start: usize, max: usize, rd: *mut *mut u8, rs: *mut usize) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
-    fn proxy_http_call(ud: *const u8, us: usize, hd: *const u8, hs: usize, bd: *const u8, bs: usize, td: *const u8, ts: usize, timeout: u32, token: *mut u32) -> u32;
+    fn proxy_http_call(
+        ud: *const u8,
+        us: usize,
+        hd: *const u8,
+        hs: usize,
+        bd: *const u8,
+        bs: usize,
+        td: *const u8,
+        ts: usize,
+        timeout: u32,
+        token: *mut u32,
+    ) -> u32;
 }
 
 fn raw_get_value(map: u32, key: &str) -> u32 {
@@ -72,7 +83,18 @@ fn raw_http_call(cluster: &str, pairs: &[(&str, &str)], timeout_ms: u32) -> (u32
     let headers = serialize(pairs);
     let mut token = 0;
     let status = unsafe {
-        proxy_http_call(cluster.as_ptr(), cluster.len(), headers.as_ptr(), headers.len(), std::ptr::null(), 0, std::ptr::null(), 0, timeout_ms, &mut token)
+        proxy_http_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            headers.as_ptr(),
+            headers.len(),
+            std::ptr::null(),
+            0,
+            std::ptr::null(),
+            0,
+            timeout_ms,
+            &mut token,
+        )
     };
     (status, token)
 }
@@ -103,6 +125,10 @@ impl Context for Root {
     }
 }
 impl RootContext for Root {
+    fn on_tick(&mut self) {
+        self.calls += 1;
+        log::info!("tick {}", self.calls);
+    }
     fn on_vm_start(&mut self, _: usize) -> bool {
         true
     }
@@ -114,15 +140,28 @@ impl RootContext for Root {
             log::error!("bad configuration: refused on purpose");
             return false;
         }
+        if cfg == "tick" {
+            self.set_tick_period(Duration::from_millis(100));
+        }
         if let Some(rest) = cfg.strip_prefix("root-call:") {
             self.calls += 1;
-            let r = self.dispatch_http_call(rest, vec![(":method", "GET"), (":path", "/root"), (":authority", "x")], None, vec![], Duration::from_secs(5));
+            let r = self.dispatch_http_call(
+                rest,
+                vec![(":method", "GET"), (":path", "/root"), (":authority", "x")],
+                None,
+                vec![],
+                Duration::from_secs(5),
+            );
             log::info!("root dispatch {:?}", r.is_ok());
         }
         true
     }
     fn create_http_context(&self, id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Probe { id, scenario: String::new(), seen_body: 0 }))
+        Some(Box::new(Probe {
+            id,
+            scenario: String::new(),
+            seen_body: 0,
+        }))
     }
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
@@ -145,7 +184,10 @@ impl Context for Probe {
     fn on_http_call_response(&mut self, _token: u32, nh: usize, body_size: usize, _: usize) {
         let status = self.get_http_call_response_header(":status").unwrap_or_default();
         let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
-        log::info!("call response headers={nh} status={status} body={}", String::from_utf8_lossy(&body));
+        log::info!(
+            "call response headers={nh} status={status} body={}",
+            String::from_utf8_lossy(&body)
+        );
         if self.is("call-resume") {
             self.set_http_request_header("x-after-call", Some("yes"));
             self.resume_http_request();
@@ -186,9 +228,15 @@ impl HttpContext for Probe {
             "props" => {
                 log::info!(
                     "props headers: path={} method={} host={} route={} cluster={} code={} plugin={} root={} vm={}",
-                    prop(&["request", "path"]), prop(&["request", "method"]), prop(&["request", "host"]),
-                    prop(&["xds", "route_name"]), prop(&["xds", "cluster_name"]), prop(&["response", "code"]),
-                    prop(&["plugin_name"]), prop(&["plugin_root_id"]), prop(&["plugin_vm_id"])
+                    prop(&["request", "path"]),
+                    prop(&["request", "method"]),
+                    prop(&["request", "host"]),
+                    prop(&["xds", "route_name"]),
+                    prop(&["xds", "cluster_name"]),
+                    prop(&["response", "code"]),
+                    prop(&["plugin_name"]),
+                    prop(&["plugin_root_id"]),
+                    prop(&["plugin_vm_id"])
                 );
                 self.set_property(vec!["probe", "state"], Some(b"kept"));
                 Action::Continue
@@ -196,13 +244,26 @@ impl HttpContext for Probe {
             "call" | "call-timeout" | "call-resume" => {
                 let cluster = self.get_http_request_header("x-call-cluster").unwrap_or_default();
                 let path = self.get_http_request_header("x-call-path").unwrap_or("/called".into());
-                let timeout: u64 = self.get_http_request_header("x-call-timeout").and_then(|t| t.parse().ok()).unwrap_or(5000);
-                let r = self.dispatch_http_call(&cluster, vec![(":method", "GET"), (":path", &path), (":authority", "called")], None, vec![], Duration::from_millis(timeout));
+                let timeout: u64 = self
+                    .get_http_request_header("x-call-timeout")
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(5000);
+                let r = self.dispatch_http_call(
+                    &cluster,
+                    vec![(":method", "GET"), (":path", &path), (":authority", "called")],
+                    None,
+                    vec![],
+                    Duration::from_millis(timeout),
+                );
                 log::info!("dispatch ok={}", r.is_ok());
                 Action::Pause
             }
             "call-bad" => {
-                let (unknown, _) = raw_http_call("no-such-cluster", &[(":method", "GET"), (":path", "/"), (":authority", "a")], 1000);
+                let (unknown, _) = raw_http_call(
+                    "no-such-cluster",
+                    &[(":method", "GET"), (":path", "/"), (":authority", "a")],
+                    1000,
+                );
                 let (missing, _) = raw_http_call("upstream", &[(":method", "GET"), (":authority", "a")], 1000);
                 log::info!("call-bad unknown={unknown} missing_path={missing}");
                 Action::Continue
@@ -217,7 +278,10 @@ impl HttpContext for Probe {
                 let hist = unsafe { proxy_increment_metric(h, 1) };
                 let _ = hostcalls::record_metric(g, 7);
                 let _ = hostcalls::record_metric(h, 42);
-                log::info!("metrics inc={inc} zero={zero} neg={neg} hist_inc={hist} value={:?}", hostcalls::get_metric(c));
+                log::info!(
+                    "metrics inc={inc} zero={zero} neg={neg} hist_inc={hist} value={:?}",
+                    hostcalls::get_metric(c)
+                );
                 Action::Continue
             }
             "shared" => {
@@ -226,11 +290,19 @@ impl HttpContext for Probe {
                 let (v, cas1) = self.get_shared_data("k");
                 let stale = self.set_shared_data("k", Some(b"v2"), cas1.map(|c| c + 1000)).is_ok();
                 let good = self.set_shared_data("k", Some(b"v3"), cas1).is_ok();
-                log::info!("shared absent_cas={cas:?} first={first} value={:?} stale={stale} good={good}", v.map(|v| String::from_utf8_lossy(&v).into_owned()));
+                log::info!(
+                    "shared absent_cas={cas:?} first={first} value={:?} stale={stale} good={good}",
+                    v.map(|v| String::from_utf8_lossy(&v).into_owned())
+                );
                 Action::Continue
             }
             "env" => {
-                log::info!("env X={:?} Y={:?} HOME={:?}", std::env::var("X").ok(), std::env::var("Y").ok(), std::env::var("HOME").ok());
+                log::info!(
+                    "env X={:?} Y={:?} HOME={:?}",
+                    std::env::var("X").ok(),
+                    std::env::var("Y").ok(),
+                    std::env::var("HOME").ok()
+                );
                 Action::Continue
             }
             _ => Action::Continue,
@@ -305,11 +377,22 @@ impl HttpContext for Probe {
                 Action::Continue
             }
             "call-resp-pause" => {
-                let _ = self.dispatch_http_call("upstream", vec![(":method", "GET"), (":path", "/called"), (":authority", "x")], None, vec![], Duration::from_secs(5));
+                let _ = self.dispatch_http_call(
+                    "upstream",
+                    vec![(":method", "GET"), (":path", "/called"), (":authority", "x")],
+                    None,
+                    vec![],
+                    Duration::from_secs(5),
+                );
                 Action::Pause
             }
             "props" => {
-                log::info!("props response: route={} cluster={} state={}", prop(&["xds", "route_name"]), prop(&["xds", "cluster_name"]), prop(&["probe", "state"]));
+                log::info!(
+                    "props response: route={} cluster={} state={}",
+                    prop(&["xds", "route_name"]),
+                    prop(&["xds", "cluster_name"]),
+                    prop(&["probe", "state"])
+                );
                 Action::Continue
             }
             _ => Action::Continue,

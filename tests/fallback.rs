@@ -1,0 +1,213 @@
+//! Fallback across providers (contract §4, §5) through the compiled filter:
+//! the first attempt goes through the route; a failed one is held and the
+//! next candidates are called with `dispatch_http_call`.
+
+mod common;
+
+use common::{Gateway, Response, chain_config};
+use serde_json::{Value, json};
+
+fn ask(gw: &Gateway, routing: Option<Value>) -> Response {
+    let mut body = json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}]});
+    if let Some(r) = routing {
+        body["waygate"] = json!({"routing": r});
+    }
+    gw.chat(body)
+}
+
+fn served(r: &Response, provider: &str, attempts: &str) {
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-provider"), Some(provider), "{:?}", r.headers);
+    assert_eq!(r.header("x-waygate-attempts"), Some(attempts));
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "chain/x");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl_"));
+}
+
+#[test]
+fn retryable_statuses_fall_back_to_the_next_provider() {
+    for status in [429, 500, 503, 529, 401, 403, 404, 408, 409] {
+        let gw = Gateway::with_config(&chain_config(&[
+            ("fake", &format!("status-{status}")),
+            ("backup", "ok"),
+        ]));
+        served(&ask(&gw, None), "backup", &format!("fake:{status},backup:200"));
+        let got = gw.fakes.received();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].header("authorization"), Some("Bearer fake-openai-key"));
+        assert_eq!(got[1].body_json().unwrap()["model"], "ok");
+    }
+}
+
+#[test]
+fn a_provider_client_error_is_not_retried() {
+    let gw = Gateway::with_config(&chain_config(&[("fake", "status-400"), ("backup", "ok")]));
+    let r = ask(&gw, None);
+    r.assert_error(400, "invalid_request_error", "provider_error", None);
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:400"));
+    assert_eq!(gw.fakes.received().len(), 1);
+}
+
+#[test]
+fn connect_refused_and_missing_clusters_fall_back() {
+    let gw = Gateway::with_config(&chain_config(&[("closed", "ok"), ("ghost", "ok"), ("backup", "ok")]));
+    served(&ask(&gw, None), "backup", "closed:error,ghost:error,backup:200");
+}
+
+#[test]
+fn a_timeout_falls_back() {
+    // fastfail has timeout_ms 300; its upstream answers after 2 s.
+    let gw = Gateway::with_config(&chain_config(&[("fastfail", "slow-2000"), ("backup", "ok")]));
+    let started = std::time::Instant::now();
+    served(&ask(&gw, None), "backup", "fastfail:error,backup:200");
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(1900),
+        "the timeout did not cut the attempt"
+    );
+}
+
+#[test]
+fn fallbacks_chain_through_several_calls() {
+    let gw = Gateway::with_config(&chain_config(&[
+        ("fake", "status-503"),
+        ("fakechat", "status-500"),
+        ("backup", "ok"),
+    ]));
+    served(&ask(&gw, None), "backup", "fake:503,fakechat:500,backup:200");
+}
+
+#[test]
+fn when_every_attempt_fails_the_last_one_decides() {
+    let gw = Gateway::with_config(&chain_config(&[("fake", "status-503"), ("backup", "status-429")]));
+    let r = ask(&gw, None);
+    let v = r.assert_error(429, "rate_limit_error", "upstream_rate_limited", None);
+    assert_eq!(r.header("retry-after"), Some("7"));
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,backup:429"));
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("fake: 503") && message.contains("backup: 429"),
+        "{message}"
+    );
+
+    let gw = Gateway::with_config(&chain_config(&[("fake", "status-429"), ("backup", "status-502")]));
+    let r = ask(&gw, None);
+    r.assert_error(502, "upstream_error", "upstream_error", None);
+    assert!(r.header("retry-after").is_none());
+
+    let gw = Gateway::with_config(&chain_config(&[("fake", "status-503"), ("fastfail", "slow-2000")]));
+    let r = ask(&gw, None);
+    r.assert_error(504, "upstream_error", "upstream_timeout", None);
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,fastfail:error"));
+}
+
+#[test]
+fn prefer_reorders_the_candidates() {
+    let gw = Gateway::with_config(&chain_config(&[("fake", "ok"), ("backup", "ok")]));
+    served(&ask(&gw, Some(json!({"prefer": ["backup"]}))), "backup", "backup:200");
+    served(&ask(&gw, None), "fake", "fake:200");
+}
+
+#[test]
+fn allow_fallbacks_false_keeps_to_the_preferred_providers() {
+    let gw = Gateway::with_config(&chain_config(&[("fake", "status-503"), ("backup", "ok")]));
+    let r = ask(&gw, Some(json!({"allow_fallbacks": false})));
+    r.assert_error(502, "upstream_error", "upstream_error", None);
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:503"));
+    let r = ask(&gw, Some(json!({"prefer": ["backup"], "allow_fallbacks": false})));
+    served(&r, "backup", "backup:200");
+}
+
+#[test]
+fn max_provider_tries_bounds_the_attempts() {
+    let chain = [("fake", "status-503"), ("fakechat", "status-503"), ("backup", "ok")];
+    let gw = Gateway::with_config(&chain_config(&chain));
+    let r = ask(&gw, Some(json!({"max_provider_tries": 1})));
+    r.assert_error(502, "upstream_error", "upstream_error", None);
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:503"));
+    let r = ask(&gw, Some(json!({"max_provider_tries": 2})));
+    r.assert_error(502, "upstream_error", "upstream_error", None);
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,fakechat:503"));
+    served(
+        &ask(&gw, Some(json!({"max_provider_tries": 9}))),
+        "backup",
+        "fake:503,fakechat:503,backup:200",
+    );
+    // Without the routing object, the plugin setting (3) applies.
+    served(&ask(&gw, None), "backup", "fake:503,fakechat:503,backup:200");
+}
+
+#[test]
+fn a_streamed_request_falls_back_to_a_complete_sse_body() {
+    let gw = Gateway::with_config(&chain_config(&[("fake", "status-503"), ("backup", "long-5")]));
+    let r = gw.chat(
+        json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}], "stream": true,
+        "stream_options": {"include_usage": true}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,backup:200"));
+    let events = r.events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text.split_whitespace().count(), 5);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 5);
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["model"] == "chain/x" && c["id"] == chunks[0]["id"])
+    );
+}
+
+#[test]
+fn a_provider_error_after_the_stream_started_ends_with_the_error_event() {
+    let gw = Gateway::with_config(&chain_config(&[("fake", "stream-error"), ("backup", "ok")]));
+    let r = gw.chat(json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}], "stream": true}));
+    assert_eq!(r.status, 200);
+    let events = r.events();
+    assert!(!events.iter().any(|e| e == "[DONE]"), "{events:?}");
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "stream_interrupted", "{events:?}");
+    assert_eq!(last["error"]["type"], "upstream_error");
+    assert_eq!(
+        gw.fakes.received().len(),
+        1,
+        "no fallback once bytes reached the client"
+    );
+}
+
+#[test]
+fn an_upstream_cut_mid_stream_is_not_retried_and_never_ends_with_done() {
+    // The fake closes its connection mid-body. Envoy resets the client's
+    // stream (its headers are already sent), so the client sees the events
+    // so far and then the connection end: never a `[DONE]`.
+    let gw = Gateway::with_config(&chain_config(&[("fake", "cut-3"), ("backup", "ok")]));
+    let r = gw.chat(json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}], "stream": true}));
+    assert_eq!(r.status, 200);
+    assert!(!r.text().contains("[DONE]"), "{}", r.text());
+    if r.complete {
+        let last = r.events().last().unwrap().clone();
+        let v: Value = serde_json::from_str(&last).unwrap();
+        assert_eq!(v["error"]["code"], "stream_interrupted");
+    }
+    assert_eq!(
+        gw.fakes.received().len(),
+        1,
+        "no fallback once bytes reached the client"
+    );
+    // The worker VMs are still healthy.
+    for _ in 0..4 {
+        assert_eq!(
+            gw.chat(json!({"model": "fake/ok", "messages": [{"role": "user", "content": "hi"}]}))
+                .status,
+            200
+        );
+    }
+}

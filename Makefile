@@ -18,7 +18,7 @@ toolchain:
 # The touch marks the .wasm as current for the tests' staleness check even when cargo
 # had nothing to rebuild (a file under src/ newer than it but not part of the build).
 wasm: toolchain
-	$(CARGO) build --target wasm32-wasip1 --profile wasm -p waygate
+	$(CARGO) rustc --target wasm32-wasip1 --profile wasm -p waygate --lib --crate-type cdylib
 	@touch $(WASM)
 
 host: toolchain

@@ -42,6 +42,8 @@ pub struct ApiError {
     pub retry_after: Option<String>,
     /// `allow` header value, for 405 answers.
     pub allow: Option<&'static str>,
+    /// More headers the answer carries (`x-ratelimit-*`).
+    pub extra_headers: Vec<(String, String)>,
 }
 
 impl ApiError {
@@ -55,6 +57,7 @@ impl ApiError {
             provider: None,
             retry_after: None,
             allow: None,
+            extra_headers: Vec::new(),
         }
     }
 
@@ -96,6 +99,7 @@ impl ApiError {
         if let Some(allow) = self.allow {
             headers.push(("allow".into(), allow.to_string()));
         }
+        headers.extend(self.extra_headers.iter().cloned());
         headers
     }
 }

@@ -17,6 +17,7 @@ use crate::auth;
 use crate::config::{Config, Provider};
 use crate::errors::{ApiError, ErrorType};
 use crate::ids::new_id;
+use crate::limits::{self, SharedStore, Standing};
 use crate::providers::{self, UpstreamRequest};
 use crate::request::{self, Operation, ParsedRequest};
 use crate::routing::{self, Candidate};
@@ -165,6 +166,9 @@ pub struct Exchange {
     max_tries: usize,
     /// Why the first candidate that could not express the request refused.
     refusal: Option<ApiError>,
+    /// The key's limits and use, when it has limits; tokens counted once.
+    standing: Option<Standing>,
+    settled: bool,
     stream: Option<StreamRewriter>,
     status: u16,
     usage: Option<Usage>,
@@ -188,6 +192,8 @@ impl Exchange {
             next: 0,
             max_tries: 0,
             refusal: None,
+            standing: None,
+            settled: false,
             stream: None,
             status: 0,
             usage: None,
@@ -311,11 +317,12 @@ impl Exchange {
     }
 
     /// The whole request body is here. `now` is unix seconds.
-    pub fn on_request_body(&mut self, body: &[u8], now: u64) -> Result<Forward, Reply> {
+    /// `store` holds the per-key limit counters shared by every worker.
+    pub fn on_request_body(&mut self, body: &[u8], now: u64, store: &mut dyn SharedStore) -> Result<Forward, Reply> {
         let Phase::ReadingBody(op) = self.phase else {
             return Err(self.reply_error(&internal("request body in an unexpected phase")));
         };
-        match self.route(op, body, now) {
+        match self.route(op, body, now, store) {
             Ok(forward) => {
                 self.phase = Phase::Upstream;
                 Ok(forward)
@@ -324,7 +331,13 @@ impl Exchange {
         }
     }
 
-    fn route(&mut self, op: Operation, body: &[u8], now: u64) -> Result<Forward, ApiError> {
+    fn route(
+        &mut self,
+        op: Operation,
+        body: &[u8],
+        now: u64,
+        store: &mut dyn SharedStore,
+    ) -> Result<Forward, ApiError> {
         let cfg = Rc::clone(&self.config);
         if u64::try_from(body.len()).unwrap_or(u64::MAX) > cfg.max_request_bytes {
             return Err(too_large(cfg.max_request_bytes));
@@ -340,6 +353,9 @@ impl Exchange {
                 format!("This API key may not use the model '{}'.", request.model),
             )
             .with_param("model"));
+        }
+        if let Some(key) = key {
+            self.standing = limits::admit(store, key, now)?;
         }
         let directive = routing::parse_directive(&cfg, &request.body)?;
         self.plan = routing::plan(&cfg, defaults, &directive);
@@ -698,9 +714,10 @@ impl Exchange {
         }
     }
 
-    /// `x-waygate-attempts`, and `x-waygate-provider` when a provider served.
+    /// `x-waygate-attempts`, `x-waygate-provider` when a provider served,
+    /// and the key's `x-ratelimit-*` when it is limited.
     fn attempt_headers(&self, served: bool) -> Vec<Header> {
-        let mut headers = Vec::new();
+        let mut headers = self.standing.map(|s| s.headers()).unwrap_or_default();
         if served && let Some(p) = self.provider.and_then(|p| self.config.providers.get(p)) {
             headers.push(("x-waygate-provider".to_string(), p.id.clone()));
         }
@@ -736,10 +753,37 @@ impl Exchange {
         self.reply(Reply::error(e))
     }
 
-    fn reply(&mut self, reply: Reply) -> Reply {
+    fn reply(&mut self, mut reply: Reply) -> Reply {
         self.phase = Phase::Replied;
         self.status = reply.status;
+        if let Some(standing) = self.standing {
+            reply.headers.extend(standing.headers());
+        }
         reply
+    }
+
+    /// Counts the answer's tokens against the key's limit, once, when the
+    /// request is over (a stream that ran past the limit finishes; the next
+    /// request is refused).
+    pub fn settle(&mut self, store: &mut dyn SharedStore, now: u64) {
+        if self.settled || self.standing.is_none() {
+            return;
+        }
+        self.settled = true;
+        let (Some(usage), Some(key)) = (
+            self.usage,
+            self.config.keys.iter().find(|k| Some(&k.id) == self.key_id.as_ref()),
+        ) else {
+            return;
+        };
+        limits::record_tokens(store, key, now, usage.total());
+    }
+
+    /// The provider that served, once known.
+    pub fn served_by(&self) -> Option<&str> {
+        self.provider
+            .and_then(|p| self.config.providers.get(p))
+            .map(|p| p.id.as_str())
     }
 
     fn models_listing(&self) -> Reply {

@@ -25,6 +25,7 @@ pub mod errors;
 pub mod exchange;
 pub mod glob;
 pub mod ids;
+pub mod limits;
 pub mod providers;
 pub mod request;
 pub mod routing;

@@ -54,6 +54,15 @@ unsafe extern "C" {
     fn proxy_set_buffer_bytes(buffer: u32, start: usize, size: usize, data: *const u8, len: usize) -> u32;
     fn proxy_get_property(path: *const u8, path_len: usize, data: *mut *mut u8, size: *mut usize) -> u32;
     fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
+    fn proxy_set_property(path: *const u8, path_len: usize, value: *const u8, value_len: usize) -> u32;
+    fn proxy_get_shared_data(
+        key: *const u8,
+        key_len: usize,
+        data: *mut *mut u8,
+        size: *mut usize,
+        cas: *mut u32,
+    ) -> u32;
+    fn proxy_set_shared_data(key: *const u8, key_len: usize, value: *const u8, value_len: usize, cas: u32) -> u32;
     #[allow(clippy::too_many_arguments)]
     fn proxy_send_local_response(
         status: u32,
@@ -128,6 +137,39 @@ pub fn property(path: &[&str]) -> Option<Vec<u8>> {
     let status = unsafe { proxy_get_property(joined.as_ptr(), joined.len(), &mut data, &mut size) };
     let value = take(data, size);
     (status == OK).then_some(value)
+}
+
+/// Writes filter state `wasm.<name>` (Envoy's `set_property`), readable by
+/// access logs as `%FILTER_STATE(wasm.<name>:PLAIN)%`.
+pub fn set_property(name: &str, value: &[u8]) -> Result<(), Status> {
+    // SAFETY: pointers and lengths of live slices.
+    check(unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
+}
+
+const CAS_MISMATCH: u32 = 8;
+
+/// Proxy-wasm shared data: one map per `vm_id`, shared by every worker VM.
+pub struct SharedData;
+
+impl crate::limits::SharedStore for SharedData {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        let mut data = null_mut();
+        let mut size = 0usize;
+        let mut cas = 0u32;
+        // SAFETY: pointer and length of a live string; out-pointers to locals.
+        let status = unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) };
+        let value = take(data, size);
+        (status == OK).then_some((value, cas))
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: u32) -> Result<(), crate::limits::StoreError> {
+        // SAFETY: pointers and lengths of live slices.
+        match unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) } {
+            OK => Ok(()),
+            CAS_MISMATCH => Err(crate::limits::StoreError::CasMismatch),
+            _ => Err(crate::limits::StoreError::Other),
+        }
+    }
 }
 
 /// Wall-clock time in nanoseconds since the Unix epoch (0 if unavailable).

@@ -27,6 +27,7 @@ pub struct Stream {
     exchange: Exchange,
     response: Response,
     started_ns: u64,
+    usage_published: bool,
 }
 
 impl Stream {
@@ -35,6 +36,7 @@ impl Stream {
             exchange: Exchange::new(config),
             response: Response::Untouched,
             started_ns: host::now_nanos(),
+            usage_published: false,
         }
     }
 
@@ -66,6 +68,27 @@ impl Stream {
 
     fn now_secs() -> u64 {
         host::now_nanos() / 1_000_000_000
+    }
+
+    /// Publishes the answer's usage as filter state for Envoy's access log.
+    fn publish_usage(&mut self) {
+        if self.usage_published {
+            return;
+        }
+        let Some(usage) = self.exchange.usage() else { return };
+        self.usage_published = true;
+        let provider = self.exchange.served_by().unwrap_or("-").to_string();
+        let published = host::set_property("waygate_prompt_tokens", usage.prompt_tokens.to_string().as_bytes())
+            .and_then(|()| {
+                host::set_property(
+                    "waygate_completion_tokens",
+                    usage.completion_tokens.to_string().as_bytes(),
+                )
+            })
+            .and_then(|()| host::set_property("waygate_provider", provider.as_bytes()));
+        if let Err(status) = published {
+            log::debug!("waygate: usage not published as filter state (status {})", status.0);
+        }
     }
 
     /// Sends a final answer as a local reply. From the response path, with
@@ -174,6 +197,7 @@ impl Context for Stream {
         match self.exchange.on_call_response(&head, &body) {
             CallStep::Dispatch(call) => self.dispatch(call),
             CallStep::Reply(rewrite) => {
+                self.publish_usage();
                 self.reply_with(&rewrite);
             }
         }
@@ -215,7 +239,10 @@ impl HttpContext for Stream {
             Ok(body) => body,
             Err(status) => return self.internal_error("reading the request body", status),
         };
-        match self.exchange.on_request_body(&body, Self::now_secs()) {
+        match self
+            .exchange
+            .on_request_body(&body, Self::now_secs(), &mut host::SharedData)
+        {
             Ok(forward) => {
                 let applied = host::set_buffer(Buffer::RequestBody, 0, body_size, &forward.body)
                     .and_then(|()| {
@@ -317,6 +344,9 @@ impl HttpContext for Stream {
                 if let Err(status) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &out) {
                     log::error!("waygate: replacing a stream chunk failed (status {})", status.0);
                 }
+                if end_of_stream {
+                    self.publish_usage();
+                }
                 Action::Continue
             }
             Response::Buffering => {
@@ -329,6 +359,7 @@ impl HttpContext for Stream {
                 };
                 let rewrite = self.exchange.on_buffered_body(&body);
                 self.response = Response::Untouched;
+                self.publish_usage();
                 self.apply_rewrite(&rewrite, body_size)
             }
         }
@@ -358,6 +389,10 @@ impl HttpContext for Stream {
     }
 
     fn on_log(&mut self) {
+        // on_log runs for every stream, client disconnects included: the one
+        // place where an answer's tokens are sure to be counted.
+        self.exchange.settle(&mut host::SharedData, Self::now_secs());
+        self.publish_usage();
         let elapsed_ms = host::now_nanos().saturating_sub(self.started_ns) / 1_000_000;
         if let Some(line) = self.exchange.access_log(elapsed_ms) {
             log::info!("{line}");

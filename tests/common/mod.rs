@@ -18,6 +18,10 @@ pub const DEV_KEY: &str = "wg-dev-key";
 pub const DEV_KEY_SHA256: &str = "3f8df8d36341df6ddbd3fadf70c0d7685e06fcf0b0b90ff0b241284e7638da96";
 /// A second key that may only use `fake/ok*` models.
 pub const NARROW_KEY: &str = "wg-narrow-key";
+/// Five requests a minute.
+pub const LIMITED_KEY: &str = "wg-limited-key";
+/// Thirty tokens a minute.
+pub const TOKEN_LIMITED_KEY: &str = "wg-token-limited-key";
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -62,7 +66,9 @@ pub fn test_plugin_config() -> Value {
     serde_json::json!({
         "keys": [
             {"id": "dev", "sha256": DEV_KEY_SHA256},
-            {"id": "narrow", "sha256": sha256_hex(NARROW_KEY), "models": ["fake/ok*"]}
+            {"id": "narrow", "sha256": sha256_hex(NARROW_KEY), "models": ["fake/ok*"]},
+            {"id": "limited", "sha256": sha256_hex(LIMITED_KEY), "requests_per_minute": 5},
+            {"id": "tokenlimited", "sha256": sha256_hex(TOKEN_LIMITED_KEY), "tokens_per_minute": 30}
         ],
         "max_request_bytes": 65536,
         "providers": [

@@ -18,6 +18,7 @@ use crate::config::{Config, Provider};
 use crate::errors::{ApiError, ErrorType};
 use crate::ids::new_id;
 use crate::limits::{self, SharedStore, Standing};
+use crate::metrics;
 use crate::providers::{self, UpstreamRequest};
 use crate::request::{self, Operation, ParsedRequest};
 use crate::routing::{self, Candidate};
@@ -169,6 +170,8 @@ pub struct Exchange {
     /// The key's limits and use, when it has limits; tokens counted once.
     standing: Option<Standing>,
     settled: bool,
+    /// The contract code of the error answered, if any.
+    error_code: Option<String>,
     stream: Option<StreamRewriter>,
     status: u16,
     usage: Option<Usage>,
@@ -194,6 +197,7 @@ impl Exchange {
             refusal: None,
             standing: None,
             settled: false,
+            error_code: None,
             stream: None,
             status: 0,
             usage: None,
@@ -697,6 +701,7 @@ impl Exchange {
 
     fn rewrite_error(&mut self, e: &ApiError, served: bool) -> Rewrite {
         self.status = e.status;
+        self.error_code = Some(e.code.clone());
         let body = e.body();
         let mut set = vec![(":status".to_string(), e.status.to_string())];
         set.extend(e.headers());
@@ -750,7 +755,34 @@ impl Exchange {
     }
 
     fn reply_error(&mut self, e: &ApiError) -> Reply {
+        self.error_code = Some(e.code.clone());
         self.reply(Reply::error(e))
+    }
+
+    /// What this request adds to the stats; `None` for requests passed through.
+    pub fn metrics(&self, timing: metrics::Timing) -> Option<Vec<metrics::Update>> {
+        if matches!(self.phase, Phase::PassThrough | Phase::Start) {
+            return None;
+        }
+        let attempts = self
+            .attempts
+            .iter()
+            .filter_map(|(p, o)| self.config.providers.get(*p).map(|p| (p.id.as_str(), o.as_str())))
+            .collect();
+        let summary = metrics::Summary {
+            key: self.key_id.as_deref(),
+            model: self.request.as_ref().map(|r| r.model.as_str()),
+            provider: if self.attempts.is_empty() {
+                None
+            } else {
+                self.served_by()
+            },
+            attempts,
+            status: self.status,
+            error_code: self.error_code.as_deref(),
+            usage: self.usage,
+        };
+        Some(metrics::updates(&summary, timing))
     }
 
     fn reply(&mut self, mut reply: Reply) -> Reply {

@@ -26,6 +26,7 @@ pub mod exchange;
 pub mod glob;
 pub mod ids;
 pub mod limits;
+pub mod metrics;
 pub mod providers;
 pub mod request;
 pub mod routing;

@@ -54,6 +54,9 @@ unsafe extern "C" {
     fn proxy_set_buffer_bytes(buffer: u32, start: usize, size: usize, data: *const u8, len: usize) -> u32;
     fn proxy_get_property(path: *const u8, path_len: usize, data: *mut *mut u8, size: *mut usize) -> u32;
     fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
+    fn proxy_define_metric(kind: u32, name: *const u8, name_len: usize, id: *mut u32) -> u32;
+    fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(id: u32, value: u64) -> u32;
     fn proxy_set_property(path: *const u8, path_len: usize, value: *const u8, value_len: usize) -> u32;
     fn proxy_get_shared_data(
         key: *const u8,
@@ -147,6 +150,40 @@ pub fn set_property(name: &str, value: &[u8]) -> Result<(), Status> {
 }
 
 const CAS_MISMATCH: u32 = 8;
+
+thread_local! {
+    /// Metric ids of this VM, defined on first use.
+    static METRICS: std::cell::RefCell<std::collections::HashMap<String, u32>> = Default::default();
+}
+
+/// Applies one stat change, defining the stat on first use. Envoy refuses a
+/// counter increment of 0 and increments of histograms, so those are
+/// recorded as samples and zero increments are never sent.
+pub fn apply_metric(update: &crate::metrics::Update) -> Result<(), Status> {
+    use crate::metrics::Kind;
+    let kind = match update.kind {
+        Kind::Counter => 0,
+        Kind::Histogram => 2,
+    };
+    let known = METRICS.with(|m| m.borrow().get(&update.name).copied());
+    let id = match known {
+        Some(id) => id,
+        None => {
+            let mut id = 0u32;
+            // SAFETY: pointer and length of a live string; out-pointer to a local.
+            check(unsafe { proxy_define_metric(kind, update.name.as_ptr(), update.name.len(), &mut id) })?;
+            METRICS.with(|m| m.borrow_mut().insert(update.name.clone(), id));
+            id
+        }
+    };
+    match update.kind {
+        Kind::Counter if update.value == 0 => Ok(()),
+        // SAFETY: plain integers.
+        Kind::Counter => check(unsafe { proxy_increment_metric(id, i64::try_from(update.value).unwrap_or(i64::MAX)) }),
+        // SAFETY: plain integers.
+        Kind::Histogram => check(unsafe { proxy_record_metric(id, update.value) }),
+    }
+}
 
 /// Proxy-wasm shared data: one map per `vm_id`, shared by every worker VM.
 pub struct SharedData;

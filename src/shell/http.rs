@@ -28,6 +28,10 @@ pub struct Stream {
     response: Response,
     started_ns: u64,
     usage_published: bool,
+    /// When the request went upstream, its first answer byte, its end.
+    forwarded_ns: Option<u64>,
+    first_byte_ns: Option<u64>,
+    done_ns: Option<u64>,
 }
 
 impl Stream {
@@ -37,6 +41,9 @@ impl Stream {
             response: Response::Untouched,
             started_ns: host::now_nanos(),
             usage_published: false,
+            forwarded_ns: None,
+            first_byte_ns: None,
+            done_ns: None,
         }
     }
 
@@ -260,6 +267,7 @@ impl HttpContext for Stream {
                 match applied {
                     Ok(()) => {
                         self.response = Response::Expected;
+                        self.forwarded_ns = Some(host::now_nanos());
                         Action::Continue
                     }
                     Err(status) => self.internal_error("rewriting the request", status),
@@ -327,6 +335,15 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if matches!(self.response, Response::Streaming | Response::Buffering) {
+            let now = host::now_nanos();
+            if body_size > 0 && self.first_byte_ns.is_none() {
+                self.first_byte_ns = Some(now);
+            }
+            if end_of_stream {
+                self.done_ns = Some(now);
+            }
+        }
         match self.response {
             Response::Untouched | Response::Expected => Action::Continue,
             // The failed answer's body is held until the local reply drops it.
@@ -393,7 +410,18 @@ impl HttpContext for Stream {
         // place where an answer's tokens are sure to be counted.
         self.exchange.settle(&mut host::SharedData, Self::now_secs());
         self.publish_usage();
-        let elapsed_ms = host::now_nanos().saturating_sub(self.started_ns) / 1_000_000;
+        let now = host::now_nanos();
+        let since = |t: Option<u64>, from: Option<u64>| Some(t?.saturating_sub(from?) / 1_000_000);
+        let timing = crate::metrics::Timing {
+            upstream_ms: since(self.done_ns.or(Some(now)), self.forwarded_ns),
+            first_byte_ms: since(self.first_byte_ns, self.forwarded_ns),
+        };
+        for update in self.exchange.metrics(timing).unwrap_or_default() {
+            if let Err(status) = host::apply_metric(&update) {
+                log::debug!("waygate: stat {} not updated (status {})", update.name, status.0);
+            }
+        }
+        let elapsed_ms = now.saturating_sub(self.started_ns) / 1_000_000;
         if let Some(line) = self.exchange.access_log(elapsed_ms) {
             log::info!("{line}");
         }

@@ -1,0 +1,186 @@
+//! What each request adds to the filter's Envoy stats.
+//!
+//! Proxy-wasm metrics have no labels, so dimensions are part of the name,
+//! dot-separated as Envoy stats are (`waygate.requests.openai.2xx`). Envoy
+//! prefixes them with `wasmcustom.` internally and strips that prefix in
+//! `/stats` and Prometheus output, where dots become underscores:
+//! `waygate_requests_openai_2xx`. Label values are reduced to
+//! `[A-Za-z0-9_-]` so a model id cannot add a level.
+//!
+//! Names follow the OpenTelemetry gen_ai conventions where they fit
+//! (`token.usage` split into prompt and completion, `server.request.duration`
+//! and `time_to_first_token` as histograms in milliseconds).
+
+use crate::usage::Usage;
+
+/// A stat kind, as the ABI numbers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Counter,
+    Histogram,
+}
+
+/// One change to one stat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Update {
+    pub kind: Kind,
+    pub name: String,
+    /// Counter increment (> 0) or histogram sample.
+    pub value: u64,
+}
+
+/// What the exchange knows about a finished request.
+#[derive(Debug, Clone, Default)]
+pub struct Summary<'a> {
+    pub key: Option<&'a str>,
+    pub model: Option<&'a str>,
+    pub provider: Option<&'a str>,
+    /// Every attempt: provider id and outcome (`200`, `503`, `error`).
+    pub attempts: Vec<(&'a str, &'a str)>,
+    pub status: u16,
+    pub error_code: Option<&'a str>,
+    pub usage: Option<Usage>,
+}
+
+/// Times measured by the shell, in milliseconds since the request arrived.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timing {
+    pub upstream_ms: Option<u64>,
+    pub first_byte_ms: Option<u64>,
+}
+
+/// Reduces a label value to characters that keep the stat name flat.
+pub fn label(value: &str) -> String {
+    let cleaned: String = value
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if cleaned.is_empty() { "none".into() } else { cleaned }
+}
+
+fn counter(name: String, value: u64) -> Update {
+    Update {
+        kind: Kind::Counter,
+        name,
+        value,
+    }
+}
+
+fn histogram(name: String, value: u64) -> Update {
+    Update {
+        kind: Kind::Histogram,
+        name,
+        value,
+    }
+}
+
+/// Every stat change for one finished request. Counters with a zero
+/// increment are left out (Envoy refuses them).
+pub fn updates(s: &Summary<'_>, t: Timing) -> Vec<Update> {
+    let provider = label(s.provider.unwrap_or("none"));
+    let class = match s.status {
+        0 => "none".to_string(),
+        n => format!("{}xx", n / 100),
+    };
+    let mut out = vec![counter(format!("waygate.requests.{provider}.{class}"), 1)];
+    for (p, outcome) in &s.attempts {
+        out.push(counter(format!("waygate.attempts.{}.{}", label(p), label(outcome)), 1));
+    }
+    if s.attempts.len() > 1 {
+        out.push(counter(
+            format!("waygate.fallbacks.{provider}"),
+            (s.attempts.len() - 1) as u64,
+        ));
+    }
+    if let Some(code) = s.error_code {
+        out.push(counter(format!("waygate.errors.{}", label(code)), 1));
+    }
+    if let Some(u) = s.usage {
+        let model = label(s.model.unwrap_or("none"));
+        if u.prompt_tokens > 0 {
+            out.push(counter(
+                format!("waygate.tokens.prompt.{provider}.{model}"),
+                u.prompt_tokens,
+            ));
+        }
+        if u.completion_tokens > 0 {
+            out.push(counter(
+                format!("waygate.tokens.completion.{provider}.{model}"),
+                u.completion_tokens,
+            ));
+        }
+        if let Some(key) = s.key
+            && u.total() > 0
+        {
+            out.push(counter(format!("waygate.tokens.key.{}", label(key)), u.total()));
+        }
+    }
+    if let Some(ms) = t.upstream_ms {
+        out.push(histogram(format!("waygate.upstream_duration_ms.{provider}"), ms));
+    }
+    if let Some(ms) = t.first_byte_ms {
+        out.push(histogram(format!("waygate.time_to_first_token_ms.{provider}"), ms));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_served_request_counts_requests_attempts_tokens_and_times() {
+        let s = Summary {
+            key: Some("team-a"),
+            model: Some("meta-llama/llama-3.1-70b"),
+            provider: Some("groq"),
+            attempts: vec![("openai", "503"), ("groq", "200")],
+            status: 200,
+            error_code: None,
+            usage: Some(Usage {
+                prompt_tokens: 7,
+                completion_tokens: 3,
+            }),
+        };
+        let u = updates(
+            &s,
+            Timing {
+                upstream_ms: Some(12),
+                first_byte_ms: Some(4),
+            },
+        );
+        let names: Vec<(&str, u64)> = u.iter().map(|u| (u.name.as_str(), u.value)).collect();
+        assert_eq!(
+            names,
+            [
+                ("waygate.requests.groq.2xx", 1),
+                ("waygate.attempts.openai.503", 1),
+                ("waygate.attempts.groq.200", 1),
+                ("waygate.fallbacks.groq", 1),
+                ("waygate.tokens.prompt.groq.meta-llama_llama-3_1-70b", 7),
+                ("waygate.tokens.completion.groq.meta-llama_llama-3_1-70b", 3),
+                ("waygate.tokens.key.team-a", 10),
+                ("waygate.upstream_duration_ms.groq", 12),
+                ("waygate.time_to_first_token_ms.groq", 4),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_refused_request_counts_its_error_and_nothing_upstream() {
+        let s = Summary {
+            status: 401,
+            error_code: Some("invalid_api_key"),
+            ..Summary::default()
+        };
+        let names: Vec<String> = updates(&s, Timing::default()).into_iter().map(|u| u.name).collect();
+        assert_eq!(names, ["waygate.requests.none.4xx", "waygate.errors.invalid_api_key"]);
+    }
+}

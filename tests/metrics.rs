@@ -1,0 +1,61 @@
+//! The filter's stats as Envoy's admin shows them (`/stats/prometheus`),
+//! after a scripted run across two worker VMs.
+
+mod common;
+
+use common::{Gateway, chain_config, send_raw};
+use serde_json::json;
+
+fn prometheus(gw: &Gateway) -> Vec<(String, u64)> {
+    let r = send_raw(gw.host.admin_addr().unwrap(), "GET", "/stats/prometheus", &[], b"");
+    assert_eq!(r.status, 200);
+    r.text()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (name, value) = l.rsplit_once(' ').unwrap();
+            (name.trim_end_matches("{}").to_string(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+fn value(stats: &[(String, u64)], name: &str) -> u64 {
+    stats
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("{name} missing from {stats:#?}"))
+}
+
+#[test]
+fn a_scripted_run_shows_in_prometheus_stats() {
+    let gw = Gateway::with_config(&chain_config(&[("fake", "status-503"), ("backup", "ok")]));
+    let mut completion_tokens = 0;
+    for _ in 0..3 {
+        let r = gw.chat(json!({"model": "fake/ok", "messages": [{"role": "user", "content": "hi there"}]}));
+        assert_eq!(r.status, 200);
+        completion_tokens += r.json()["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    let r = gw.chat(json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,backup:200"));
+    let r = gw.send("POST", "/api/v1/chat/completions", &[("authorization", "Bearer nope")], b"{}");
+    assert_eq!(r.status, 401);
+
+    let stats = prometheus(&gw);
+    assert_eq!(value(&stats, "waygate_requests_fake_2xx"), 3);
+    assert_eq!(value(&stats, "waygate_requests_backup_2xx"), 1);
+    assert_eq!(value(&stats, "waygate_requests_none_4xx"), 1);
+    assert_eq!(value(&stats, "waygate_errors_invalid_api_key"), 1);
+    assert_eq!(value(&stats, "waygate_attempts_fake_200"), 3);
+    assert_eq!(value(&stats, "waygate_attempts_fake_503"), 1);
+    assert_eq!(value(&stats, "waygate_attempts_backup_200"), 1);
+    assert_eq!(value(&stats, "waygate_fallbacks_backup"), 1);
+    assert_eq!(value(&stats, "waygate_tokens_completion_fake_fake_ok"), completion_tokens);
+    assert!(value(&stats, "waygate_tokens_key_dev") > completion_tokens);
+    assert_eq!(value(&stats, "waygate_upstream_duration_ms_fake_count"), 3);
+    assert!(
+        !stats.iter().any(|(n, _)| n.starts_with("waygate_time_to_first_token_ms_backup")),
+        "a fallback answer arrives whole: no first-byte time"
+    );
+    assert_eq!(value(&stats, "waygate_time_to_first_token_ms_fake_count"), 3);
+}

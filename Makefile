@@ -7,7 +7,7 @@ HOST   := target/release/waygate-host
 LISTEN ?= 127.0.0.1:8080
 FAKES  ?= 127.0.0.1:8081
 
-.PHONY: all toolchain build wasm host run test lint bench clean
+.PHONY: all toolchain build wasm host run test lint check-configs bench clean
 
 all: build
 
@@ -48,7 +48,19 @@ $(PYENV)/.installed: tests/clients/requirements.txt
 test: build $(PYENV)/.installed
 	$(CARGO) test --release --workspace
 
-lint: toolchain
+# Every shipped Envoy/Istio/compose config parsed into Envoy's own API types (xds-protos),
+# then the check's own tests (each misspelling must fail it). No Envoy or Docker needed.
+CONFIGS_PYENV := target/pyenv-configs
+$(CONFIGS_PYENV)/.installed: scripts/requirements-configs.txt
+	python3 -m venv $(CONFIGS_PYENV)
+	$(CONFIGS_PYENV)/bin/pip install -q --no-deps -r scripts/requirements-configs.txt
+	touch $@
+
+check-configs: $(CONFIGS_PYENV)/.installed
+	$(CONFIGS_PYENV)/bin/python scripts/check_configs.py
+	$(CONFIGS_PYENV)/bin/python scripts/test_check_configs.py
+
+lint: toolchain check-configs
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --target wasm32-wasip1 -p waygate --lib -- -D warnings

@@ -1,6 +1,8 @@
 //! Bad input through the compiled filter: every case asserts the status and
 //! the contract's envelope (`type`, `code`, `param`), never a crash.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 mod common;
 
 use common::{DEV_KEY, Gateway, NARROW_KEY, Response, send_raw};
@@ -277,7 +279,8 @@ fn unknown_models_are_404_model_not_found() {
 fn keys_are_checked_before_anything_else() {
     let gw = Gateway::start();
     let body = br#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}]}"#;
-    let cases: &[(&[(&str, &[u8])], &str)] = &[
+    type Case<'a> = (&'a [(&'a str, &'a [u8])], &'a str);
+    let cases: &[Case] = &[
         (&[], "missing_api_key"),
         (&[("authorization", b"Basic d2c6ZGV2")], "missing_api_key"),
         (&[("authorization", b"wg-dev-key")], "missing_api_key"),

@@ -2,6 +2,8 @@
 //! the first attempt goes through the route; a failed one is held and the
 //! next candidates are called with `dispatch_http_call`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 mod common;
 
 use common::{Gateway, Response, chain_config};

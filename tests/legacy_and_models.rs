@@ -1,6 +1,8 @@
 //! Legacy `/completions` (native and translated to chat), `GET /models`, and
 //! the access log line.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 mod common;
 
 use common::{DEV_KEY, Gateway, NARROW_KEY};

@@ -1,6 +1,8 @@
 //! The filter's stats as Envoy's admin shows them (`/stats/prometheus`),
 //! after a scripted run across two worker VMs.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
 mod common;
 
 use common::{Gateway, chain_config, send_raw};
@@ -38,7 +40,12 @@ fn a_scripted_run_shows_in_prometheus_stats() {
     }
     let r = gw.chat(json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}]}));
     assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,backup:200"));
-    let r = gw.send("POST", "/api/v1/chat/completions", &[("authorization", "Bearer nope")], b"{}");
+    let r = gw.send(
+        "POST",
+        "/api/v1/chat/completions",
+        &[("authorization", "Bearer nope")],
+        b"{}",
+    );
     assert_eq!(r.status, 401);
 
     let stats = prometheus(&gw);
@@ -50,11 +57,16 @@ fn a_scripted_run_shows_in_prometheus_stats() {
     assert_eq!(value(&stats, "waygate_attempts_fake_503"), 1);
     assert_eq!(value(&stats, "waygate_attempts_backup_200"), 1);
     assert_eq!(value(&stats, "waygate_fallbacks_backup"), 1);
-    assert_eq!(value(&stats, "waygate_tokens_completion_fake_fake_ok"), completion_tokens);
+    assert_eq!(
+        value(&stats, "waygate_tokens_completion_fake_fake_ok"),
+        completion_tokens
+    );
     assert!(value(&stats, "waygate_tokens_key_dev") > completion_tokens);
     assert_eq!(value(&stats, "waygate_upstream_duration_ms_fake_count"), 3);
     assert!(
-        !stats.iter().any(|(n, _)| n.starts_with("waygate_time_to_first_token_ms_backup")),
+        !stats
+            .iter()
+            .any(|(n, _)| n.starts_with("waygate_time_to_first_token_ms_backup")),
         "a fallback answer arrives whole: no first-byte time"
     );
     assert_eq!(value(&stats, "waygate_time_to_first_token_ms_fake_count"), 3);

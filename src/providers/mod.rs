@@ -20,6 +20,9 @@ use crate::request::ParsedRequest;
 use crate::sse::SseEvent;
 use crate::usage::Usage;
 
+pub mod anthropic;
+mod chat;
+pub mod gemini;
 pub mod openai;
 
 /// What goes upstream: the path (after `path_prefix`), the provider's own
@@ -68,7 +71,8 @@ pub fn build_request(
 ) -> Result<UpstreamRequest, ApiError> {
     match provider.api {
         Api::Openai => openai::build_request(provider, request, upstream_model, routing_field),
-        Api::Anthropic | Api::Gemini => Err(unsupported_api(provider)),
+        Api::Anthropic => anthropic::build_request(provider, request, upstream_model, routing_field),
+        Api::Gemini => gemini::build_request(provider, request, upstream_model, routing_field),
     }
 }
 
@@ -76,31 +80,25 @@ pub fn build_request(
 pub fn translate_answer(api: Api, request: &ParsedRequest, body: &[u8]) -> Result<(Value, Usage), String> {
     match api {
         Api::Openai => openai::translate_answer(request, body),
-        Api::Anthropic | Api::Gemini => Err("this provider API is not supported yet".into()),
+        Api::Anthropic => anthropic::translate_answer(request, body),
+        Api::Gemini => gemini::translate_answer(request, body),
     }
 }
 
 /// A stream translator for the provider's API, for this request.
-pub fn stream_translator(api: Api, _request: &ParsedRequest) -> Box<dyn StreamTranslator> {
+pub fn stream_translator(api: Api, request: &ParsedRequest) -> Box<dyn StreamTranslator> {
     match api {
-        Api::Openai | Api::Anthropic | Api::Gemini => Box::new(openai::OpenAiStream),
+        Api::Openai => Box::new(openai::OpenAiStream),
+        Api::Anthropic => Box::new(anthropic::AnthropicStream::new(request)),
+        Api::Gemini => Box::new(gemini::GeminiStream::new(request)),
     }
 }
 
 /// Reads a provider's error body.
 pub fn error_details(api: Api, body: &[u8]) -> ErrorDetails {
     match api {
-        Api::Openai | Api::Anthropic | Api::Gemini => openai::error_details(body),
+        Api::Openai => openai::error_details(body),
+        Api::Anthropic => anthropic::error_details(body),
+        Api::Gemini => gemini::error_details(body),
     }
-}
-
-fn unsupported_api(provider: &Provider) -> ApiError {
-    ApiError::bad_request(
-        "unsupported_parameter",
-        "model",
-        format!(
-            "Provider '{}' speaks an API this build cannot translate to yet.",
-            provider.id
-        ),
-    )
 }

@@ -3,6 +3,7 @@
 //! configuration swapped, in front of the fake providers. A raw HTTP/1.1
 //! client keeps the exact bytes and headers visible.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 #![allow(dead_code)]
 
 use std::io::{Read, Write};

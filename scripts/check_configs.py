@@ -1,0 +1,1059 @@
+#!/usr/bin/env python3
+"""Checks every deployment config the repository ships, without Envoy, Docker or Kubernetes.
+
+- Envoy: every `envoy/*.yaml` bootstrap, and every Envoy proto embedded in `envoy/istio/*.yaml`
+  (EnvoyFilter patch values, the ECDS `TypedExtensionConfig`), is parsed into Envoy's own API
+  types (PyPI `xds-protos`) with `json_format.ParseDict(..., ignore_unknown_fields=False)`:
+  unknown fields and wrong types fail, every `@type` must resolve to a known message. Then the
+  protoc-gen-validate rules Envoy enforces at load (required messages and oneofs, string
+  lengths, repeated sizes, number and duration bounds) are checked, and deprecated fields are
+  refused.
+- The plugin configuration (contract section 8) embedded in each Wasm filter is checked in a
+  basic way: known fields and types, ids, digests, providers, and its wiring into the config
+  around it: one header-matched route per provider cluster that drops the header, no generic
+  `cluster_header` route, a JSON 404 under `base_path`, the listener buffer at least
+  `max_request_bytes`, every `api_key_env` exported to the VM, `allow_on_headers_stop_iteration`
+  and `failure_policy: FAIL_CLOSED`.
+- Kubernetes manifests (`envoy/istio/*.yaml`): each object has apiVersion, kind,
+  metadata.name, and the spec fields Istio needs, with unknown keys refused where we know the
+  schema.
+- `docker-compose.yml`: validated against the Compose specification's JSON schema (shipped in
+  the pinned PyPI `docker-compose` package), and cross-checked against `envoy/envoy.yaml`
+  (mounts, fake provider address, key variables, `.env.example`).
+
+Usage: check_configs.py [--root DIR]   (exit status 1 and one line per problem on failure)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import pkgutil
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from google.protobuf import descriptor_pool, json_format, message_factory
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+BOOTSTRAP = "envoy.config.bootstrap.v3.Bootstrap"
+HCM = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+WASM = "envoy.extensions.filters.http.wasm.v3.Wasm"
+STRING_VALUE = "google.protobuf.StringValue"
+TYPE_PREFIX = "type.googleapis.com/"
+# What the filter publishes with proxy-wasm set_property (Envoy: filter state `wasm.<name>`),
+# and every access log must print.
+USAGE_FILTER_STATE = ("wasm.waygate_provider", "wasm.waygate_prompt_tokens", "wasm.waygate_completion_tokens")
+
+
+class Problems:
+    """Every problem found, each with where it is."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.lines.append(f"{where}: {message}")
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+
+# ---- Envoy protos ------------------------------------------------------------------------
+
+
+def _import_package_of(full_name: str) -> None:
+    """Imports every `*_pb2` module of the proto package that declares `full_name`, so that
+    its messages are in the default descriptor pool (json_format resolves `@type` there)."""
+    parts = full_name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        package = ".".join(parts[:cut])
+        try:
+            module = importlib.import_module(package)
+        except ImportError:
+            continue
+        for info in pkgutil.iter_modules(getattr(module, "__path__", [])):
+            if info.name.endswith("_pb2"):
+                importlib.import_module(f"{package}.{info.name}")
+        return
+
+
+def message_class(full_name: str) -> type[Message] | None:
+    pool = descriptor_pool.Default()
+    try:
+        descriptor = pool.FindMessageTypeByName(full_name)
+    except KeyError:
+        _import_package_of(full_name)
+        try:
+            descriptor = pool.FindMessageTypeByName(full_name)
+        except KeyError:
+            return None
+    return message_factory.GetMessageClass(descriptor)
+
+
+def _preload_types(value: Any) -> list[str]:
+    """Imports the packages of every `@type` in `value`; returns the ones that stay unknown."""
+    unknown = []
+    if isinstance(value, dict):
+        type_url = value.get("@type")
+        if isinstance(type_url, str):
+            name = type_url.split("/")[-1]
+            if message_class(name) is None:
+                unknown.append(type_url)
+        for v in value.values():
+            unknown += _preload_types(v)
+    elif isinstance(value, list):
+        for v in value:
+            unknown += _preload_types(v)
+    return unknown
+
+
+def parse_envoy(value: Any, full_name: str, where: str, problems: Problems) -> Message | None:
+    """`value` (from YAML) as Envoy message `full_name`, strictly; then the PGV rules."""
+    cls = message_class(full_name)
+    if cls is None:
+        problems.add(where, f"no such Envoy message type `{full_name}`")
+        return None
+    for type_url in _preload_types(value):
+        problems.add(where, f"`@type: {type_url}` is not a known Envoy/xDS message")
+    try:
+        # A JSON round trip first: YAML may hold values JSON cannot (dates, ...).
+        plain = json.loads(json.dumps(value))
+        msg = json_format.ParseDict(plain, cls(), ignore_unknown_fields=False)
+    except (json_format.ParseError, TypeError, ValueError) as e:
+        problems.add(where, f"not a valid {full_name}: {e}")
+        return None
+    validate_rules(msg, where, problems)
+    return msg
+
+
+_VALIDATE = None
+
+
+def _validate_module():
+    global _VALIDATE
+    if _VALIDATE is None:
+        _VALIDATE = importlib.import_module("validate.validate_pb2")
+    return _VALIDATE
+
+
+def _field_rules(field: FieldDescriptor):
+    v = _validate_module()
+    options = field.GetOptions()
+    if options.HasExtension(v.rules):
+        return options.Extensions[v.rules]
+    return None
+
+
+def _seconds(duration) -> float:
+    return duration.seconds + duration.nanos / 1e9
+
+
+def _check_scalar(rules, kind: str, value, where: str, problems: Problems) -> None:
+    """Bounds (gt, gte, lt, lte, const, in) on numbers and durations."""
+    if kind == "duration":
+        get = _seconds
+    else:
+
+        def get(x):
+            return x
+
+    for bound, ok in (
+        ("gt", lambda v, b: v > b),
+        ("gte", lambda v, b: v >= b),
+        ("lt", lambda v, b: v < b),
+        ("lte", lambda v, b: v <= b),
+    ):
+        if rules.HasField(bound):
+            b = get(getattr(rules, bound))
+            if not ok(get(value), b):
+                problems.add(where, f"must be {bound} {b} (protoc-gen-validate), is {get(value)}")
+    if kind != "duration" and rules.HasField("const") and value != rules.const:
+        problems.add(where, f"must be {rules.const}")
+
+
+def validate_rules(msg: Message, where: str, problems: Problems) -> None:
+    """The protoc-gen-validate rules Envoy checks when it loads a config (the usual ones)."""
+    v = _validate_module()
+    descriptor = msg.DESCRIPTOR
+    for oneof in descriptor.oneofs:
+        options = oneof.GetOptions()
+        if options.HasExtension(v.required) and options.Extensions[v.required]:
+            if msg.WhichOneof(oneof.name) is None:
+                names = ", ".join(f.name for f in oneof.fields)
+                problems.add(where, f"one of {names} is required")
+    for field in descriptor.fields:
+        path = f"{where}.{field.name}"
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        is_message = field.type == FieldDescriptor.TYPE_MESSAGE
+        is_map = is_message and field.message_type.GetOptions().map_entry
+        value = getattr(msg, field.name)
+        present = len(value) > 0 if repeated else (msg.HasField(field.name) if field.has_presence else value != field.default_value)
+        if present and field.GetOptions().deprecated:
+            problems.add(path, "deprecated field (Envoy warns or refuses it)")
+        rules = _field_rules(field)
+        # A oneof member (or proto3 `optional`) is validated only when it is the one set.
+        if rules is not None and field.containing_oneof is not None and not present:
+            rules = None
+        if rules is not None:
+            which = rules.WhichOneof("type")
+            if rules.message.required and not present:
+                problems.add(path, "is required")
+            if which in ("duration", "timestamp", "any") and getattr(rules, which).required and not present:
+                problems.add(path, "is required")
+            if repeated and not is_map and which == "repeated":
+                r = rules.repeated
+                if r.min_items and len(value) < r.min_items:
+                    problems.add(path, f"needs at least {r.min_items} item(s)")
+            elif is_map and which == "map":
+                if rules.map.min_pairs and len(value) < rules.map.min_pairs:
+                    problems.add(path, f"needs at least {rules.map.min_pairs} entr(y/ies)")
+            elif not repeated and which == "string":
+                r = rules.string
+                if r.min_len and len(value) < r.min_len:
+                    problems.add(path, f"needs at least {r.min_len} character(s)")
+                if r.min_bytes and len(value.encode()) < r.min_bytes:
+                    problems.add(path, f"needs at least {r.min_bytes} byte(s)")
+            elif not repeated and which in ("uint32", "uint64", "int32", "int64", "double", "float") and present:
+                _check_scalar(getattr(rules, which), which, value, path, problems)
+            elif not repeated and which == "duration" and present:
+                _check_scalar(rules.duration, "duration", value, path, problems)
+        if not is_message:
+            continue
+        if is_map:
+            value_field = field.message_type.fields_by_name["value"]
+            if value_field.type == FieldDescriptor.TYPE_MESSAGE:
+                for key, item in value.items():
+                    _validate_nested(item, f"{path}[{key}]", problems)
+        elif repeated:
+            for i, item in enumerate(value):
+                _validate_nested(item, f"{path}[{i}]", problems)
+        elif present:
+            _validate_nested(value, path, problems)
+
+
+def _validate_nested(msg: Message, where: str, problems: Problems) -> None:
+    if msg.DESCRIPTOR.full_name == "google.protobuf.Any":
+        if not msg.type_url:
+            return
+        cls = message_class(msg.type_url.split("/")[-1])
+        if cls is None:
+            return  # already reported by the parse
+        inner = cls()
+        msg.Unpack(inner)
+        validate_rules(inner, f"{where}<{inner.DESCRIPTOR.name}>", problems)
+    else:
+        validate_rules(msg, where, problems)
+
+
+# ---- the plugin configuration (contract section 8) ----------------------------------------
+
+PLUGIN_FIELDS = {
+    "routing_field": str,
+    "base_path": str,
+    "cluster_header": str,
+    "max_request_bytes": "count",
+    "max_provider_tries": "count",
+    "keys": list,
+    "providers": list,
+    "models": list,
+}
+KEY_FIELDS = {"id": str, "sha256": str, "models": list, "requests_per_minute": "count", "tokens_per_minute": "count"}
+PROVIDER_FIELDS = {
+    "id": str,
+    "api": str,
+    "cluster": str,
+    "authority": str,
+    "path_prefix": str,
+    "api_key_env": str,
+    "api_key": str,
+    "legacy_completions": bool,
+    "timeout_ms": "count",
+    "default_max_tokens": "count",
+}
+MODEL_FIELDS = {"id": str, "endpoints": list}
+ENDPOINT_FIELDS = {"provider": str, "model": str}
+APIS = ("openai", "anthropic", "gemini")
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+ENVOY_DEFAULT_BUFFER_LIMIT = 1024 * 1024
+
+
+def _typed_fields(obj: Any, fields: dict, required: tuple, where: str, problems: Problems) -> bool:
+    if not isinstance(obj, dict):
+        problems.add(where, "must be an object")
+        return False
+    for key, value in obj.items():
+        kind = fields.get(key)
+        if kind is None:
+            problems.add(where, f"unknown field `{key}` (known: {', '.join(fields)})")
+        elif kind == "count":
+            # Istio's pluginConfig is a Struct: whole numbers may arrive as doubles.
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+                problems.add(f"{where}.{key}", "must be a whole number")
+        elif not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            problems.add(f"{where}.{key}", f"must be of type {kind.__name__}")
+    for key in required:
+        if key not in obj:
+            problems.add(where, f"missing required field `{key}`")
+    return True
+
+
+class Route:
+    """A route as the plugin configuration needs it, from Envoy or from an Istio VirtualService."""
+
+    def __init__(self, header_matches: dict, target: str | None, removes: set, timeout: str | None, prefix: str | None, direct_status: int | None, generic_cluster_header: bool, direct_body: str | None = None):
+        self.header_matches = header_matches  # header name (lower case) -> exact value
+        self.target = target  # cluster / destination host, None for a direct response
+        self.removes = removes  # request headers removed (lower case)
+        self.timeout = timeout
+        self.prefix = prefix
+        self.direct_status = direct_status
+        self.generic_cluster_header = generic_cluster_header
+        self.direct_body = direct_body
+
+
+class Surroundings:
+    """What the plugin configuration is wired into."""
+
+    def __init__(self, routes: list[Route], targets: set[str], buffer_limit: int | None, env_keys: set[str], target_of: Callable[[dict], str], unset_timeout_is_none: bool = False):
+        self.routes = routes
+        self.targets = targets  # clusters (Envoy) or ServiceEntry hosts (Istio)
+        self.buffer_limit = buffer_limit
+        self.env_keys = env_keys
+        self.target_of = target_of  # where a provider's route must go
+        self.unset_timeout_is_none = unset_timeout_is_none  # Istio: yes; Envoy: 15 s
+
+
+def check_plugin_config(text: str, where: str, around: Surroundings, problems: Problems) -> None:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        problems.add(where, f"the plugin configuration is not JSON: {e}")
+        return
+    if not _typed_fields(config, PLUGIN_FIELDS, (), where, problems):
+        return
+    if str(config.get("base_path", "/api/v1")).rstrip("/") == "" or not str(config.get("base_path", "/api/v1")).startswith("/"):
+        problems.add(f"{where}.base_path", "must start with `/`")
+    key_ids = set()
+    for i, key in enumerate(config.get("keys", []) if isinstance(config.get("keys"), list) else []):
+        kw = f"{where}.keys[{i}]"
+        if _typed_fields(key, KEY_FIELDS, ("id", "sha256"), kw, problems):
+            if key.get("id") in key_ids:
+                problems.add(kw, f"duplicate key id `{key.get('id')}`")
+            key_ids.add(key.get("id"))
+            if isinstance(key.get("sha256"), str) and not re.fullmatch(r"[0-9a-f]{64}", key["sha256"]):
+                problems.add(f"{kw}.sha256", "must be 64 lowercase hex digits")
+    providers = {}
+    provider_list = config.get("providers", []) if isinstance(config.get("providers"), list) else []
+    for i, provider in enumerate(provider_list):
+        pw = f"{where}.providers[{i}]"
+        if not _typed_fields(provider, PROVIDER_FIELDS, ("id", "api", "cluster", "authority"), pw, problems):
+            continue
+        pid = provider.get("id")
+        if pid in providers:
+            problems.add(pw, f"duplicate provider id `{pid}`")
+        providers[pid] = provider
+        if provider.get("api") not in APIS:
+            problems.add(f"{pw}.api", f"must be one of {', '.join(APIS)}")
+        if ("api_key" in provider) == ("api_key_env" in provider):
+            problems.add(pw, "exactly one of `api_key` and `api_key_env`")
+        env = provider.get("api_key_env")
+        if isinstance(env, str) and env not in around.env_keys:
+            problems.add(f"{pw}.api_key_env", f"`{env}` is not passed to the VM (vm_config.environment_variables)")
+    for i, model in enumerate(config.get("models", []) if isinstance(config.get("models"), list) else []):
+        mw = f"{where}.models[{i}]"
+        if not _typed_fields(model, MODEL_FIELDS, ("id", "endpoints"), mw, problems):
+            continue
+        for j, endpoint in enumerate(model.get("endpoints", []) if isinstance(model.get("endpoints"), list) else []):
+            ew = f"{mw}.endpoints[{j}]"
+            if _typed_fields(endpoint, ENDPOINT_FIELDS, ("provider", "model"), ew, problems):
+                if endpoint.get("provider") not in providers:
+                    problems.add(ew, f"names unknown provider `{endpoint.get('provider')}`")
+
+    # Wiring into the routes around the filter.
+    header = str(config.get("cluster_header", "x-waygate-cluster")).lower()
+    for route in around.routes:
+        if route.generic_cluster_header:
+            problems.add(where, "a route takes its cluster from a request header: a bypassed filter would let clients pick any cluster")
+    for provider in providers.values():
+        cluster = provider.get("cluster")
+        if not isinstance(cluster, str):
+            continue
+        matching = [r for r in around.routes if r.header_matches.get(header) == cluster]
+        pw = f"{where}: provider `{provider.get('id')}` (cluster `{cluster}`)"
+        if not matching:
+            problems.add(pw, f"no route matches `{header}: {cluster}` exactly")
+            continue
+        for route in matching:
+            if route.target is None:
+                problems.add(pw, "its route answers directly instead of going to the cluster")
+                continue
+            if route.target not in around.targets:
+                problems.add(pw, f"its route goes to `{route.target}`, which is not defined")
+            elif route.target != around.target_of(provider):
+                problems.add(pw, f"its route goes to `{route.target}`, expected `{around.target_of(provider)}`")
+            if header not in route.removes:
+                problems.add(pw, f"its route does not remove `{header}` before the request goes upstream")
+            if route.timeout != "0s" and not (route.timeout is None and around.unset_timeout_is_none):
+                problems.add(pw, f"its route has timeout {route.timeout or 'unset (15s)'}: streams need `0s`")
+    base = str(config.get("base_path", "/api/v1")).rstrip("/")
+    if not any(r.direct_status == 404 and r.prefix is not None and r.prefix.rstrip("/") == base and not r.header_matches and _is_json(r.direct_body) for r in around.routes):
+        problems.add(where, f"no catch-all route answering a JSON 404 under `{base}`")
+    limit = around.buffer_limit
+    max_bytes = config.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
+    if isinstance(max_bytes, (int, float)):
+        effective = ENVOY_DEFAULT_BUFFER_LIMIT if limit is None else limit
+        if effective < max_bytes:
+            problems.add(where, f"per_connection_buffer_limit_bytes ({effective}) is below max_request_bytes ({int(max_bytes)})")
+
+
+def _is_json(text: str | None) -> bool:
+    try:
+        return text is not None and isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def check_wasm_plugin(plugin: dict, where: str, around: Surroundings, problems: Problems) -> None:
+    """The wasm `PluginConfig` (as a dict, already parsed by protobuf) and its configuration."""
+    if plugin.get("allow_on_headers_stop_iteration") is not True:
+        problems.add(where, "allow_on_headers_stop_iteration must be true (Envoy >= 1.35)")
+    if plugin.get("failure_policy") != "FAIL_CLOSED":
+        problems.add(where, "failure_policy must be FAIL_CLOSED")
+    configuration = plugin.get("configuration")
+    if not isinstance(configuration, dict) or configuration.get("@type") != TYPE_PREFIX + STRING_VALUE:
+        problems.add(f"{where}.configuration", f"must be a {STRING_VALUE} holding the JSON of contract section 8")
+        return
+    check_plugin_config(configuration.get("value", ""), f"{where}.configuration", around, problems)
+
+
+# ---- Envoy bootstraps ---------------------------------------------------------------------
+
+
+def _envoy_routes(route_config: dict) -> list[Route]:
+    routes = []
+    for vh in route_config.get("virtual_hosts", []):
+        vh_removes = {h.lower() for h in vh.get("request_headers_to_remove", [])}
+        for r in vh.get("routes", []):
+            match = r.get("match", {})
+            headers = {}
+            for h in match.get("headers", []):
+                exact = h.get("string_match", {}).get("exact")
+                if exact is not None:
+                    headers[h.get("name", "").lower()] = exact
+            action = r.get("route")
+            direct = r.get("direct_response")
+            routes.append(
+                Route(
+                    header_matches=headers,
+                    target=action.get("cluster") if action else None,
+                    removes=vh_removes | {h.lower() for h in r.get("request_headers_to_remove", [])},
+                    timeout=action.get("timeout") if action else None,
+                    prefix=match.get("prefix", match.get("path")),
+                    direct_status=direct.get("status") if direct else None,
+                    generic_cluster_header=bool(action and "cluster_header" in action),
+                    direct_body=direct.get("body", {}).get("inline_string") if direct else None,
+                )
+            )
+    return routes
+
+
+class BootstrapInfo:
+    def __init__(self) -> None:
+        self.wasm_files: list[str] = []
+        self.env_keys: set[str] = set()
+        self.clusters: dict[str, dict] = {}
+        self.listener_ports: list[int] = []
+        self.admin_port: int | None = None
+
+
+def check_bootstrap(path: Path, root: Path, problems: Problems) -> BootstrapInfo | None:
+    where = str(path.relative_to(root))
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        problems.add(where, f"not YAML: {e}")
+        return None
+    if parse_envoy(doc, BOOTSTRAP, where, problems) is None:
+        return None
+    info = BootstrapInfo()
+    static = doc.get("static_resources", {})
+    info.clusters = {c["name"]: c for c in static.get("clusters", [])}
+    info.admin_port = doc.get("admin", {}).get("address", {}).get("socket_address", {}).get("port_value")
+    wasm_filters = 0
+    for li, listener in enumerate(static.get("listeners", [])):
+        lw = f"{where}: listeners[{li}]"
+        info.listener_ports.append(listener.get("address", {}).get("socket_address", {}).get("port_value"))
+        for ci, chain in enumerate(listener.get("filter_chains", [])):
+            for fi, flt in enumerate(chain.get("filters", [])):
+                hcm = flt.get("typed_config", {})
+                if hcm.get("@type") != TYPE_PREFIX + HCM:
+                    continue
+                routes = _envoy_routes(hcm.get("route_config", {}))
+                for ai, log in enumerate(hcm.get("access_log", [])):
+                    fmt = json.dumps(log.get("typed_config", {}).get("log_format", {}))
+                    for key in USAGE_FILTER_STATE:
+                        if f"%FILTER_STATE({key}:PLAIN)%" not in fmt:
+                            problems.add(f"{lw}: access_log[{ai}]", f"the format does not print %FILTER_STATE({key}:PLAIN)%")
+                for route in routes:
+                    if route.target is not None and route.target not in info.clusters:
+                        problems.add(lw, f"a route goes to unknown cluster `{route.target}`")
+                filters = hcm.get("http_filters", [])
+                if not filters or filters[-1].get("typed_config", {}).get("@type", "").split("/")[-1] != "envoy.extensions.filters.http.router.v3.Router":
+                    problems.add(lw, "the HTTP filter chain must end with the router")
+                for hi, http_filter in enumerate(filters):
+                    typed = http_filter.get("typed_config", {})
+                    if typed.get("@type") != TYPE_PREFIX + WASM:
+                        continue
+                    wasm_filters += 1
+                    plugin = typed.get("config", {})
+                    fw = f"{lw}.filter_chains[{ci}].filters[{fi}].http_filters[{hi}].config"
+                    local = plugin.get("vm_config", {}).get("code", {}).get("local", {})
+                    if "filename" in local:
+                        info.wasm_files.append(local["filename"])
+                    env = plugin.get("vm_config", {}).get("environment_variables", {})
+                    info.env_keys |= set(env.get("host_env_keys", []))
+                    around = Surroundings(
+                        routes=routes,
+                        targets=set(info.clusters),
+                        buffer_limit=listener.get("per_connection_buffer_limit_bytes"),
+                        env_keys=set(env.get("host_env_keys", [])) | set(env.get("key_values", {})),
+                        target_of=lambda provider: provider.get("cluster"),
+                    )
+                    check_wasm_plugin(plugin, fw, around, problems)
+    if wasm_filters == 0:
+        problems.add(where, "no envoy.filters.http.wasm filter")
+    for name, cluster in info.clusters.items():
+        socket = cluster.get("transport_socket")
+        if socket is None:
+            continue
+        tls = socket.get("typed_config", {})
+        if not tls.get("sni"):
+            problems.add(f"{where}: cluster `{name}`", "TLS without `sni`")
+        if not tls.get("common_tls_context", {}).get("validation_context", {}).get("trusted_ca"):
+            problems.add(f"{where}: cluster `{name}`", "TLS without certificate validation (validation_context.trusted_ca)")
+    return info
+
+
+# ---- Kubernetes / Istio manifests ---------------------------------------------------------
+
+# Schemas as nested dicts of the keys each object may carry: a dict maps keys to sub-schemas,
+# [schema] is a list of them, a type checks the value, ANY accepts anything.
+ANY = object()
+STR, INT, BOOL = str, int, bool
+LABELS = {"*": STR}
+
+PORT_SELECTOR = {"number": INT}
+HEADER_OPS = {"set": LABELS, "add": LABELS, "remove": [STR]}
+STRING_MATCH = {"exact": STR, "prefix": STR, "regex": STR}
+ISTIO_TLS = {
+    "mode": STR,
+    "clientCertificate": STR,
+    "privateKey": STR,
+    "caCertificates": STR,
+    "credentialName": STR,
+    "subjectAltNames": [STR],
+    "sni": STR,
+    "insecureSkipVerify": BOOL,
+    "caCrl": STR,
+}
+TRAFFIC_POLICY = {
+    "loadBalancer": ANY,
+    "connectionPool": ANY,
+    "outlierDetection": ANY,
+    "tls": ISTIO_TLS,
+    "portLevelSettings": [{"port": PORT_SELECTOR, "loadBalancer": ANY, "connectionPool": ANY, "outlierDetection": ANY, "tls": ISTIO_TLS}],
+    "tunnel": ANY,
+    "proxyProtocol": ANY,
+    "retryBudget": ANY,
+}
+ENVOY_FILTER_MATCH = {
+    "context": STR,
+    "proxy": {"proxyVersion": STR, "metadata": LABELS},
+    "listener": {
+        "portNumber": INT,
+        "name": STR,
+        "listenerFilter": STR,
+        "filterChain": {
+            "name": STR,
+            "sni": STR,
+            "transportProtocol": STR,
+            "applicationProtocols": STR,
+            "destinationPort": INT,
+            "filter": {"name": STR, "subFilter": {"name": STR}},
+        },
+    },
+    "routeConfiguration": ANY,
+    "cluster": ANY,
+}
+SPECS: dict[str, dict] = {
+    "EnvoyFilter": {
+        "workloadSelector": {"labels": LABELS},
+        "targetRefs": ANY,
+        "priority": INT,
+        "configPatches": [{"applyTo": STR, "match": ENVOY_FILTER_MATCH, "patch": {"operation": STR, "value": ANY, "filterClass": STR}}],
+    },
+    "ServiceEntry": {
+        "hosts": [STR],
+        "addresses": [STR],
+        "ports": [{"number": INT, "protocol": STR, "name": STR, "targetPort": INT}],
+        "location": STR,
+        "resolution": STR,
+        "endpoints": ANY,
+        "workloadSelector": ANY,
+        "exportTo": [STR],
+        "subjectAltNames": [STR],
+    },
+    "DestinationRule": {"host": STR, "trafficPolicy": TRAFFIC_POLICY, "subsets": ANY, "exportTo": [STR], "workloadSelector": ANY},
+    "VirtualService": {
+        "hosts": [STR],
+        "gateways": [STR],
+        "exportTo": [STR],
+        "tls": ANY,
+        "tcp": ANY,
+        "http": [
+            {
+                "name": STR,
+                "match": [
+                    {
+                        "name": STR,
+                        "uri": STRING_MATCH,
+                        "scheme": STRING_MATCH,
+                        "method": STRING_MATCH,
+                        "authority": STRING_MATCH,
+                        "headers": {"*": STRING_MATCH},
+                        "withoutHeaders": {"*": STRING_MATCH},
+                        "port": INT,
+                        "queryParams": ANY,
+                        "ignoreUriCase": BOOL,
+                        "sourceLabels": LABELS,
+                        "gateways": [STR],
+                        "sourceNamespace": STR,
+                        "statPrefix": STR,
+                    }
+                ],
+                "route": [{"destination": {"host": STR, "subset": STR, "port": PORT_SELECTOR}, "weight": INT, "headers": {"request": HEADER_OPS, "response": HEADER_OPS}}],
+                "redirect": ANY,
+                "directResponse": {"status": INT, "body": {"string": STR, "bytes": STR}},
+                "delegate": ANY,
+                "rewrite": {"uri": STR, "authority": STR, "uriRegexRewrite": ANY},
+                "timeout": STR,
+                "retries": {"attempts": INT, "perTryTimeout": STR, "retryOn": STR, "retryRemoteLocalities": BOOL, "retryIgnorePreviousHosts": BOOL, "backoff": STR},
+                "fault": ANY,
+                "mirror": ANY,
+                "mirrors": ANY,
+                "mirrorPercentage": ANY,
+                "corsPolicy": ANY,
+                "headers": {"request": HEADER_OPS, "response": HEADER_OPS},
+            }
+        ],
+    },
+    "Gateway": {
+        "selector": LABELS,
+        "servers": [{"port": {"number": INT, "protocol": STR, "name": STR, "targetPort": INT}, "bind": STR, "hosts": [STR], "tls": ANY, "name": STR, "defaultEndpoint": STR}],
+    },
+    "Deployment": {
+        "replicas": INT,
+        "selector": {"matchLabels": LABELS, "matchExpressions": ANY},
+        "template": {"metadata": {"labels": LABELS, "annotations": LABELS}, "spec": ANY},
+        "strategy": ANY,
+        "minReadySeconds": INT,
+        "revisionHistoryLimit": INT,
+        "progressDeadlineSeconds": INT,
+        "paused": BOOL,
+    },
+    "Service": {
+        "type": STR,
+        "selector": LABELS,
+        "ports": [{"name": STR, "port": INT, "targetPort": ANY, "protocol": STR, "appProtocol": STR, "nodePort": INT}],
+        "clusterIP": STR,
+        "externalTrafficPolicy": STR,
+        "internalTrafficPolicy": STR,
+        "loadBalancerClass": STR,
+        "sessionAffinity": STR,
+        "ipFamilyPolicy": STR,
+    },
+}
+API_VERSIONS = {
+    "EnvoyFilter": {"networking.istio.io/v1alpha3"},
+    "ServiceEntry": {"networking.istio.io/v1", "networking.istio.io/v1beta1", "networking.istio.io/v1alpha3"},
+    "DestinationRule": {"networking.istio.io/v1", "networking.istio.io/v1beta1", "networking.istio.io/v1alpha3"},
+    "VirtualService": {"networking.istio.io/v1", "networking.istio.io/v1beta1", "networking.istio.io/v1alpha3"},
+    "Gateway": {"networking.istio.io/v1", "networking.istio.io/v1beta1", "networking.istio.io/v1alpha3"},
+    "Deployment": {"apps/v1"},
+    "Service": {"v1"},
+    "ServiceAccount": {"v1"},
+    "Namespace": {"v1"},
+    "Secret": {"v1"},
+}
+REQUIRED_SPEC = {
+    "EnvoyFilter": ("configPatches",),
+    "ServiceEntry": ("hosts", "ports", "resolution"),
+    "DestinationRule": ("host",),
+    "VirtualService": ("hosts",),
+    "Gateway": ("selector", "servers"),
+    "Deployment": ("selector", "template"),
+    "Service": ("ports",),
+}
+APPLY_TO = {
+    "LISTENER": "envoy.config.listener.v3.Listener",
+    "FILTER_CHAIN": "envoy.config.listener.v3.FilterChain",
+    "NETWORK_FILTER": "envoy.config.listener.v3.Filter",
+    "HTTP_FILTER": "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter",
+    "ROUTE_CONFIGURATION": "envoy.config.route.v3.RouteConfiguration",
+    "VIRTUAL_HOST": "envoy.config.route.v3.VirtualHost",
+    "HTTP_ROUTE": "envoy.config.route.v3.Route",
+    "CLUSTER": "envoy.config.cluster.v3.Cluster",
+    "EXTENSION_CONFIG": "envoy.config.core.v3.TypedExtensionConfig",
+    "BOOTSTRAP": "envoy.config.bootstrap.v3.Bootstrap",
+    "LISTENER_FILTER": "envoy.config.listener.v3.ListenerFilter",
+}
+PATCH_OPERATIONS = {"MERGE", "ADD", "REMOVE", "INSERT_BEFORE", "INSERT_AFTER", "INSERT_FIRST", "REPLACE"}
+PATCH_CONTEXTS = {"ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND", "GATEWAY"}
+RESOLUTIONS = {"NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN"}
+TLS_MODES = {"DISABLE", "SIMPLE", "MUTUAL", "ISTIO_MUTUAL"}
+
+
+def check_keys(value: Any, schema: Any, where: str, problems: Problems) -> None:
+    if schema is ANY:
+        return
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            problems.add(where, "must be a list")
+            return
+        for i, item in enumerate(value):
+            check_keys(item, schema[0], f"{where}[{i}]", problems)
+    elif isinstance(schema, dict):
+        if not isinstance(value, dict):
+            problems.add(where, "must be a mapping")
+            return
+        for key, item in value.items():
+            if key in schema:
+                check_keys(item, schema[key], f"{where}.{key}", problems)
+            elif "*" in schema:
+                check_keys(item, schema["*"], f"{where}.{key}", problems)
+            else:
+                problems.add(where, f"unknown field `{key}`")
+    elif schema is INT:
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.add(where, "must be an integer")
+    elif not isinstance(value, schema):
+        problems.add(where, f"must be of type {schema.__name__}")
+
+
+def load_manifests(path: Path, root: Path, problems: Problems) -> list[tuple[str, dict]]:
+    where = str(path.relative_to(root))
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except yaml.YAMLError as e:
+        problems.add(where, f"not YAML: {e}")
+        return []
+    out = []
+    for i, doc in enumerate(docs):
+        dw = f"{where}[{i}]"
+        if not isinstance(doc, dict):
+            problems.add(dw, "a manifest must be a mapping")
+            continue
+        kind = doc.get("kind")
+        name = (doc.get("metadata") or {}).get("name")
+        for key in ("apiVersion", "kind"):
+            if not isinstance(doc.get(key), str):
+                problems.add(dw, f"missing `{key}`")
+        if not isinstance(name, str) or not name:
+            problems.add(dw, "missing `metadata.name`")
+        dw = f"{where}: {kind}/{name}"
+        if kind not in API_VERSIONS:
+            problems.add(dw, f"unexpected kind `{kind}`")
+            continue
+        if doc.get("apiVersion") not in API_VERSIONS[kind]:
+            problems.add(dw, f"apiVersion `{doc.get('apiVersion')}` is not one of {sorted(API_VERSIONS[kind])}")
+        for key in doc:
+            if key not in ("apiVersion", "kind", "metadata", "spec", "data", "stringData", "type"):
+                problems.add(dw, f"unknown top-level field `{key}`")
+        if kind in SPECS:
+            spec = doc.get("spec")
+            if not isinstance(spec, dict):
+                problems.add(dw, "missing `spec`")
+                continue
+            check_keys(spec, SPECS[kind], f"{dw} spec", problems)
+            for key in REQUIRED_SPEC.get(kind, ()):
+                if key not in spec:
+                    problems.add(dw, f"missing `spec.{key}`")
+        out.append((dw, doc))
+    return out
+
+
+def check_istio(directory: Path, root: Path, problems: Problems) -> None:
+    objects: list[tuple[str, dict]] = []
+    for path in sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml")):
+        objects += load_manifests(path, root, problems)
+    by_kind: dict[str, list[tuple[str, dict]]] = {}
+    for where, doc in objects:
+        by_kind.setdefault(doc["kind"], []).append((where, doc))
+
+    service_hosts = {}
+    for where, se in by_kind.get("ServiceEntry", []):
+        spec = se["spec"]
+        if spec.get("resolution") not in RESOLUTIONS:
+            problems.add(where, f"spec.resolution must be one of {sorted(RESOLUTIONS)}")
+        for host in spec.get("hosts", []):
+            service_hosts[host] = se
+    tls_hosts = set()
+    for where, dr in by_kind.get("DestinationRule", []):
+        policy = dr["spec"].get("trafficPolicy", {})
+        settings = [policy.get("tls")] + [p.get("tls") for p in policy.get("portLevelSettings", [])]
+        for tls in [t for t in settings if t]:
+            if tls.get("mode") not in TLS_MODES:
+                problems.add(where, f"tls.mode must be one of {sorted(TLS_MODES)}")
+            if tls.get("mode") == "SIMPLE":
+                if not tls.get("sni"):
+                    problems.add(where, "TLS origination without `sni`")
+                tls_hosts.add(dr["spec"].get("host"))
+        if dr["spec"].get("host") not in service_hosts:
+            problems.add(where, f"spec.host `{dr['spec'].get('host')}` has no ServiceEntry")
+    for host in service_hosts:
+        if host not in tls_hosts:
+            problems.add(f"ServiceEntry {host}", "no DestinationRule originates TLS (mode SIMPLE) for it")
+
+    # Routes (VirtualService) in the neutral form the plugin configuration check uses.
+    routes: list[Route] = []
+    for where, vs in by_kind.get("VirtualService", []):
+        for i, http in enumerate(vs["spec"].get("http", [])):
+            removes = {h.lower() for h in http.get("headers", {}).get("request", {}).get("remove", [])}
+            destinations = http.get("route", [])
+            for d in destinations:
+                removes |= {h.lower() for h in d.get("headers", {}).get("request", {}).get("remove", [])}
+            matches = http.get("match") or [{}]
+            for match in matches:
+                headers = {k.lower(): v.get("exact") for k, v in match.get("headers", {}).items() if "exact" in v}
+                uri = match.get("uri", {})
+                direct = http.get("directResponse")
+                target = None
+                if destinations:
+                    if len(destinations) != 1:
+                        problems.add(f"{where} http[{i}]", "one destination per provider route")
+                    target = destinations[0].get("destination", {}).get("host")
+                routes.append(
+                    Route(
+                        header_matches=headers,
+                        target=target,
+                        removes=removes,
+                        timeout=http.get("timeout"),
+                        prefix=uri.get("prefix", "/" if not uri else None),
+                        direct_status=direct.get("status") if direct else None,
+                        generic_cluster_header=False,
+                        direct_body=direct.get("body", {}).get("string") if direct else None,
+                    )
+                )
+
+    # Environment variables the gateway's Envoy process has (istio-proxy container).
+    proxy_env: set[str] = set()
+    for where, dep in by_kind.get("Deployment", []):
+        spec = dep["spec"]
+        labels = spec.get("template", {}).get("metadata", {}).get("labels", {})
+        for k, v in spec.get("selector", {}).get("matchLabels", {}).items():
+            if labels.get(k) != v:
+                problems.add(where, f"selector label `{k}` is not on the pod template")
+        for container in (spec.get("template", {}).get("spec") or {}).get("containers", []):
+            if container.get("name") == "istio-proxy":
+                proxy_env |= {e.get("name") for e in container.get("env", [])}
+
+    buffer_limit = None
+    for where, ef in by_kind.get("EnvoyFilter", []):
+        for i, patch in enumerate(ef["spec"].get("configPatches", [])):
+            pw = f"{where} configPatches[{i}]"
+            apply_to = patch.get("applyTo")
+            operation = patch.get("patch", {}).get("operation")
+            if operation not in PATCH_OPERATIONS:
+                problems.add(pw, f"patch.operation must be one of {sorted(PATCH_OPERATIONS)}")
+            context = patch.get("match", {}).get("context", "ANY")
+            if context not in PATCH_CONTEXTS:
+                problems.add(pw, f"match.context must be one of {sorted(PATCH_CONTEXTS)}")
+            if apply_to not in APPLY_TO:
+                problems.add(pw, f"applyTo must be one of {sorted(APPLY_TO)}")
+                continue
+            if operation == "REMOVE":
+                continue
+            value = patch.get("patch", {}).get("value")
+            msg = parse_envoy(value, APPLY_TO[apply_to], f"{pw} patch.value", problems)
+            if msg is None:
+                continue
+            if apply_to == "LISTENER" and "per_connection_buffer_limit_bytes" in value:
+                buffer_limit = value["per_connection_buffer_limit_bytes"]
+    for where, ef in by_kind.get("EnvoyFilter", []):
+        for i, patch in enumerate(ef["spec"].get("configPatches", [])):
+            value = patch.get("patch", {}).get("value") or {}
+            typed = value.get("typed_config", {}) if isinstance(value, dict) else {}
+            if patch.get("applyTo") == "EXTENSION_CONFIG" and typed.get("@type") == TYPE_PREFIX + WASM:
+                plugin = typed.get("config", {})
+                env = plugin.get("vm_config", {}).get("environment_variables", {})
+                around = Surroundings(
+                    routes=routes,
+                    targets=set(service_hosts),
+                    buffer_limit=buffer_limit,
+                    env_keys=set(env.get("host_env_keys", [])) | set(env.get("key_values", {})),
+                    # In the mesh a provider's route goes to its ServiceEntry host, its authority.
+                    target_of=lambda provider: provider.get("authority"),
+                    unset_timeout_is_none=True,
+                )
+                for key in env.get("host_env_keys", []):
+                    if key not in proxy_env:
+                        problems.add(f"{where} configPatches[{i}]", f"host_env_keys `{key}` is not in the istio-proxy container's env")
+                check_wasm_plugin(plugin, f"{where} configPatches[{i}] patch.value.typed_config.config", around, problems)
+                names = {
+                    p.get("patch", {}).get("value", {}).get("name")
+                    for _, e in by_kind.get("EnvoyFilter", [])
+                    for p in e["spec"].get("configPatches", [])
+                    if p.get("applyTo") == "HTTP_FILTER"
+                }
+                if value.get("name") not in names:
+                    problems.add(f"{where} configPatches[{i}]", f"no HTTP_FILTER patch refers to extension config `{value.get('name')}`")
+
+
+# ---- docker compose -----------------------------------------------------------------------
+
+
+def compose_schema() -> dict | None:
+    spec = importlib.util.find_spec("compose")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "config" / "compose_spec.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def check_compose(root: Path, info: BootstrapInfo | None, problems: Problems) -> None:
+    path = root / "docker-compose.yml"
+    where = "docker-compose.yml"
+    if not path.exists():
+        problems.add(where, "missing")
+        return
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        problems.add(where, f"not YAML: {e}")
+        return
+    schema = compose_schema()
+    if schema is None:
+        problems.add(where, "the Compose JSON schema is not installed (pip install --no-deps docker-compose, see Makefile)")
+    else:
+        import jsonschema
+
+        validator = jsonschema.Draft7Validator(schema)
+        for error in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
+            loc = ".".join(str(p) for p in error.absolute_path) or "(top)"
+            problems.add(f"{where}: {loc}", error.message)
+    if not isinstance(doc, dict):
+        return
+    services = doc.get("services") or {}
+    envoy = services.get("envoy")
+    fakes = services.get("fakes")
+    if not isinstance(envoy, dict) or not isinstance(fakes, dict):
+        problems.add(where, "services `envoy` and `fakes` are required")
+        return
+    image = str(envoy.get("image", ""))
+    if not re.fullmatch(r"envoyproxy/envoy:v1\.(3[5-9]|[4-9][0-9])\.[0-9]+", image):
+        problems.add(f"{where}: services.envoy.image", f"`{image}` must be a pinned envoyproxy/envoy:v1.X.Y with X >= 35")
+    mounts = {}
+    for volume in envoy.get("volumes", []):
+        if isinstance(volume, str):
+            parts = volume.split(":")
+            if len(parts) >= 2:
+                mounts[parts[1]] = parts[0]
+        elif isinstance(volume, dict):
+            mounts[volume.get("target")] = volume.get("source")
+    expected = {"/etc/envoy/envoy.yaml": "./envoy/envoy.yaml"}
+    if info is not None:
+        for wasm in info.wasm_files:
+            expected[wasm] = "./target/wasm32-wasip1/wasm/waygate.wasm"
+    for target, source in expected.items():
+        if mounts.get(target) != source:
+            problems.add(f"{where}: services.envoy.volumes", f"must mount {source} at {target}")
+    command = envoy.get("command") or []
+    if "/etc/envoy/envoy.yaml" not in command:
+        problems.add(f"{where}: services.envoy.command", "must run envoy -c /etc/envoy/envoy.yaml")
+    environment = envoy.get("environment") or {}
+    names = set(environment) if isinstance(environment, dict) else {e.split("=")[0] for e in environment}
+    env_example = (root / ".env.example").read_text() if (root / ".env.example").exists() else ""
+    if not env_example:
+        problems.add(".env.example", "missing")
+    if info is not None:
+        for key in sorted(info.env_keys):
+            if key not in names:
+                problems.add(f"{where}: services.envoy.environment", f"`{key}` (host_env_keys) is not passed to Envoy")
+            if not re.search(rf"^#?\s*{re.escape(key)}=", env_example, re.M):
+                problems.add(".env.example", f"does not document `{key}`")
+        fake = info.clusters.get("fake")
+        if fake is None:
+            problems.add("envoy/envoy.yaml", "no `fake` cluster")
+        else:
+            address = fake["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+            if address.get("address") not in services:
+                problems.add("envoy/envoy.yaml", f"cluster `fake` points at `{address.get('address')}`, which is not a compose service")
+            fake_command = " ".join(str(c) for c in (fakes.get("command") or []))
+            if f"0.0.0.0:{address.get('port_value')}" not in fake_command:
+                problems.add(f"{where}: services.fakes.command", f"must listen on 0.0.0.0:{address.get('port_value')} (the `fake` cluster's port)")
+        published = " ".join(str(p) for p in envoy.get("ports", []))
+        for port in info.listener_ports:
+            if f":{port}" not in published:
+                problems.add(f"{where}: services.envoy.ports", f"listener port {port} is not published")
+    build = fakes.get("build") or {}
+    dockerfile = root / (build.get("context", ".") if isinstance(build, dict) else build) / (build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile")
+    if not dockerfile.exists():
+        problems.add(f"{where}: services.fakes.build", f"{dockerfile.relative_to(root)} does not exist")
+
+
+def check_dockerfiles(root: Path, problems: Problems) -> None:
+    oci = root / "envoy/istio/Dockerfile"
+    if not oci.exists():
+        problems.add("envoy/istio/Dockerfile", "missing")
+    else:
+        instructions = [line.strip() for line in oci.read_text().splitlines() if line.strip() and not line.strip().startswith("#")]
+        if not instructions or instructions[0] != "FROM scratch":
+            problems.add("envoy/istio/Dockerfile", "must start FROM scratch (Istio's Wasm OCI image)")
+        if not any(re.match(r"COPY\s+\S+\s+\.?/plugin\.wasm$", i) for i in instructions):
+            problems.add("envoy/istio/Dockerfile", "must COPY the module to /plugin.wasm")
+
+
+# ---- main -----------------------------------------------------------------------------------
+
+
+def run(root: Path) -> Problems:
+    problems = Problems()
+    shipped = None
+    bootstraps = sorted((root / "envoy").glob("*.yaml"))
+    if not bootstraps:
+        problems.add("envoy/", "no bootstrap found")
+    for path in bootstraps:
+        info = check_bootstrap(path, root, problems)
+        if path.name == "envoy.yaml":
+            shipped = info
+    if (root / "envoy/istio").is_dir():
+        check_istio(root / "envoy/istio", root, problems)
+    else:
+        problems.add("envoy/istio/", "missing")
+    check_compose(root, shipped, problems)
+    check_dockerfiles(root, problems)
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    args = parser.parse_args(argv)
+    problems = run(args.root.resolve())
+    if problems:
+        for line in problems.lines:
+            print(line, file=sys.stderr)
+        print(f"check-configs: {len(problems.lines)} problem(s)", file=sys.stderr)
+        return 1
+    print("check-configs: every Envoy config parses into Envoy's API types; manifests and compose file are consistent")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

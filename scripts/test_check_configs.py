@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Proves scripts/check_configs.py fails where it must: each test copies the shipped configs
+into a temporary directory, makes one realistic mistake (mostly a misspelled field), and
+asserts the check reports it. `make check-configs` runs this after the check itself."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import check_configs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ["envoy", "docker-compose.yml", ".env.example", "host/Dockerfile"]
+
+
+class CheckConfigsFails(unittest.TestCase):
+    def setUp(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="check-configs-"))
+        for rel in SHIPPED:
+            src, dst = ROOT / rel, self.tmp / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, dst)
+            else:
+                shutil.copy(src, dst)
+
+    def tearDown(self) -> None:
+        shutil.rmtree(self.tmp)
+
+    def mutate(self, rel: str, old: str, new: str) -> None:
+        path = self.tmp / rel
+        text = path.read_text()
+        self.assertIn(old, text, f"the test's premise: `{old}` is in {rel}")
+        path.write_text(text.replace(old, new, 1))
+
+    def assert_fails(self, *needles: str) -> None:
+        problems = check_configs.run(self.tmp)
+        report = "\n".join(problems.lines)
+        self.assertTrue(problems, "the check passed, but it must fail")
+        for needle in needles:
+            self.assertIn(needle, report, f"expected `{needle}` in:\n{report}")
+
+    # The baseline: the copy as shipped passes, so every failure below is the mutation's.
+    def test_shipped_configs_pass(self) -> None:
+        problems = check_configs.run(self.tmp)
+        self.assertFalse(problems, "\n".join(problems.lines))
+
+    # ---- Envoy bootstraps: Envoy's own API types --------------------------------------
+    def test_misspelled_bootstrap_field(self) -> None:
+        self.mutate("envoy/envoy.yaml", "per_connection_buffer_limit_bytes:", "per_connection_buffer_limit_byte:")
+        self.assert_fails("envoy/envoy.yaml", "per_connection_buffer_limit_byte")
+
+    def test_misspelled_field_inside_a_typed_config(self) -> None:
+        self.mutate("envoy/envoy.yaml", "allow_on_headers_stop_iteration: true", "allow_on_header_stop_iteration: true")
+        self.assert_fails("envoy/envoy.yaml", "allow_on_header_stop_iteration")
+
+    def test_misspelled_access_log_field(self) -> None:
+        self.mutate("envoy/envoy.yaml", "text_format_source:", "text_format_sources:")
+        self.assert_fails("envoy/envoy.yaml", "text_format_sources")
+
+    def test_misspelled_tls_field(self) -> None:
+        self.mutate("envoy/envoy.yaml", "validation_context:", "validation_contxt:")
+        self.assert_fails("envoy/envoy.yaml", "validation_contxt")
+
+    def test_access_log_without_usage(self) -> None:
+        self.mutate("envoy/envoy.yaml", "%FILTER_STATE(wasm.waygate_prompt_tokens:PLAIN)%", "%FILTER_STATE(wasm.prompt_tokens:PLAIN)%")
+        self.assert_fails("access_log[0]", "wasm.waygate_prompt_tokens")
+
+    def test_unknown_type_url(self) -> None:
+        self.mutate("envoy/envoy.yaml", "access_loggers.stream.v3.StdoutAccessLog", "access_loggers.stream.v3.StdoutAccesLog")
+        self.assert_fails("envoy/envoy.yaml", "StdoutAccesLog")
+
+    def test_wrong_type(self) -> None:
+        self.mutate("envoy/envoy.yaml", "port_value: 9901", "port_value: nine")
+        self.assert_fails("envoy/envoy.yaml", "port_value")
+
+    def test_missing_required_field(self) -> None:
+        # ClusterLoadAssignment.cluster_name: (validate.rules).string.min_len = 1.
+        self.mutate("envoy/envoy.yaml", "      cluster_name: openai\n", "")
+        self.assert_fails("envoy/envoy.yaml", "cluster_name")
+
+    def test_local_yaml_is_checked_too(self) -> None:
+        self.mutate("envoy/local.yaml", "stat_prefix:", "stats_prefix:")
+        self.assert_fails("envoy/local.yaml", "stats_prefix")
+
+    # ---- the plugin configuration embedded in the bootstrap ---------------------------
+    def test_misspelled_plugin_config_field(self) -> None:
+        self.mutate("envoy/envoy.yaml", '"max_request_bytes": 4194304', '"max_request_byte": 4194304')
+        self.assert_fails("envoy/envoy.yaml", "unknown field `max_request_byte`")
+
+    def test_misspelled_provider_field(self) -> None:
+        self.mutate("envoy/envoy.yaml", '"api_key_env": "GEMINI_API_KEY"', '"api_key_environment": "GEMINI_API_KEY"')
+        self.assert_fails("unknown field `api_key_environment`")
+
+    def test_provider_cluster_without_route(self) -> None:
+        self.mutate("envoy/envoy.yaml", "string_match: { exact: anthropic }", "string_match: { exact: anthropics }")
+        self.assert_fails("provider `anthropic`", "no route matches `x-waygate-cluster: anthropic`")
+
+    def test_route_keeps_the_cluster_header(self) -> None:
+        self.mutate("envoy/envoy.yaml", "request_headers_to_remove: [x-waygate-cluster]", "request_headers_to_remove: []")
+        self.assert_fails("does not remove `x-waygate-cluster`")
+
+    def test_no_json_404_under_base_path(self) -> None:
+        self.mutate("envoy/envoy.yaml", "match: { prefix: /api/v1 }", "match: { prefix: /api/v2 }")
+        self.assert_fails("no catch-all route answering a JSON 404 under `/api/v1`")
+
+    def test_buffer_below_max_request_bytes(self) -> None:
+        self.mutate("envoy/envoy.yaml", "per_connection_buffer_limit_bytes: 8388608", "per_connection_buffer_limit_bytes: 1048576")
+        self.assert_fails("below max_request_bytes")
+
+    def test_route_with_the_default_timeout(self) -> None:
+        self.mutate("envoy/envoy.yaml", "                  timeout: 0s            # the 15 s default would cut SSE streams\n", "")
+        self.assert_fails("provider `fake`", "streams need `0s`")
+
+    def test_fail_open(self) -> None:
+        self.mutate("envoy/envoy.yaml", "failure_policy: FAIL_CLOSED", "failure_policy: FAIL_OPEN")
+        self.assert_fails("failure_policy must be FAIL_CLOSED")
+
+    def test_key_env_not_passed_to_the_vm(self) -> None:
+        self.mutate("envoy/envoy.yaml", "host_env_keys: [OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY]", "host_env_keys: [OPENAI_API_KEY, ANTHROPIC_API_KEY]")
+        self.assert_fails("`GEMINI_API_KEY` is not passed to the VM")
+
+    # ---- Istio: Envoy protos embedded in EnvoyFilter patches, and the manifests ---------
+    def test_misspelled_field_in_envoyfilter_patch(self) -> None:
+        self.mutate("envoy/istio/waygate-filter.yaml", "initial_fetch_timeout: 0s", "initial_fetch_timout: 0s")
+        self.assert_fails("waygate-filter.yaml", "initial_fetch_timout")
+
+    def test_misspelled_field_in_ecds_wasm_config(self) -> None:
+        self.mutate("envoy/istio/waygate-filter.yaml", "allow_on_headers_stop_iteration: true", "allow_on_headers_stop_iterations: true")
+        self.assert_fails("waygate-filter.yaml", "allow_on_headers_stop_iterations")
+
+    def test_misspelled_plugin_config_in_istio(self) -> None:
+        self.mutate("envoy/istio/waygate-filter.yaml", '"cluster_header":', '"clusterheader":')
+        self.assert_fails("waygate-filter.yaml", "unknown field `clusterheader`")
+
+    def test_misspelled_envoyfilter_field(self) -> None:
+        self.mutate("envoy/istio/waygate-filter.yaml", "configPatches:", "configPatch:")
+        self.assert_fails("EnvoyFilter/waygate", "unknown field `configPatch`")
+
+    def test_manifest_without_name(self) -> None:
+        self.mutate("envoy/istio/egress.yaml", "  name: openai\n  namespace: waygate\nspec:\n  hosts:", "  namespace: waygate\nspec:\n  hosts:")
+        self.assert_fails("egress.yaml", "missing `metadata.name`")
+
+    def test_misspelled_virtualservice_field(self) -> None:
+        self.mutate("envoy/istio/routes.yaml", "gateways: [waygate]", "gateway: [waygate]")
+        self.assert_fails("VirtualService/waygate", "unknown field `gateway`")
+
+    def test_misspelled_destinationrule_field(self) -> None:
+        self.mutate("envoy/istio/egress.yaml", "subjectAltNames:", "subjectAltName:")
+        self.assert_fails("DestinationRule/openai", "unknown field `subjectAltName`")
+
+    def test_istio_route_without_header_removal(self) -> None:
+        self.mutate("envoy/istio/routes.yaml", "headers: { request: { remove: [x-waygate-cluster] } }", "headers: { request: { remove: [] } }")
+        self.assert_fails("does not remove `x-waygate-cluster`")
+
+    def test_key_env_missing_from_the_proxy(self) -> None:
+        self.mutate("envoy/istio/gateway.yaml", "- name: GEMINI_API_KEY", "- name: GEMINI_KEY")
+        self.assert_fails("`GEMINI_API_KEY` is not in the istio-proxy container's env")
+
+    def test_oci_image_not_from_scratch(self) -> None:
+        self.mutate("envoy/istio/Dockerfile", "FROM scratch", "FROM alpine")
+        self.assert_fails("envoy/istio/Dockerfile")
+
+    # ---- docker compose ---------------------------------------------------------------
+    def test_misspelled_compose_field(self) -> None:
+        self.mutate("docker-compose.yml", "    volumes:\n", "    volume:\n")
+        self.assert_fails("docker-compose.yml", "volume")
+
+    def test_unpinned_envoy_image(self) -> None:
+        self.mutate("docker-compose.yml", "envoyproxy/envoy:v1.36.10", "envoyproxy/envoy:latest")
+        self.assert_fails("services.envoy.image")
+
+    def test_fake_cluster_not_a_compose_service(self) -> None:
+        self.mutate("envoy/envoy.yaml", "address: fakes,", "address: fake,")
+        self.assert_fails("cluster `fake` points at `fake`")
+
+    def test_env_example_missing_a_key(self) -> None:
+        self.mutate(".env.example", "GEMINI_API_KEY=", "")
+        self.assert_fails(".env.example", "GEMINI_API_KEY")
+
+
+def main() -> int:
+    suite = unittest.defaultTestLoader.loadTestsFromTestCase(CheckConfigsFails)
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    failed = len(result.failures) + len(result.errors)
+    print(f"check-configs tests: {result.testsRun - failed} passed, {failed} failed")
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+//! What we ship is what we test: `envoy/envoy.yaml` (the bootstrap docker-compose runs in
+//! real Envoy) runs in the host with only its addresses changed, and a client gets real
+//! answers through it. A second test pins the other direction: apart from those addresses
+//! and the Envoy-only fields the host does not implement, `envoy/envoy.yaml` is exactly
+//! `envoy/local.yaml`, so the two files cannot drift apart.
+//!
+//! The substitution ([`for_host`]) is the one documented at the top of `envoy/envoy.yaml`:
+//! - admin and the listener bind the given addresses (ephemeral ports here);
+//! - cluster `fake` (STRICT_DNS `fakes:8081` in compose) becomes STATIC on the given address
+//!   (a STATIC cluster needs an IP, which is why the discovery type goes with the address);
+//! - the wasm `vm_config.code.local.filename` becomes the given path;
+//! - removed because waygate-host refuses them (its bootstrap subset, `host/src/config/raw.rs`,
+//!   denies unknown fields): the HCM `access_log` (the usage line from filter state) and the
+//!   clusters' `typed_extension_protocol_options` (`auto_sni`, `auto_san_validation`). Neither
+//!   changes what the filter sees; they are checked against Envoy's own API types by
+//!   `scripts/check_configs.py` instead.
+
+// Test code: a failing unwrap is a failing test (clippy.toml allows these only inside #[test]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use common::{DEV_KEY, root, send_raw, wasm_path};
+use serde_json::{Value, json};
+use serde_yaml::Value as Yaml;
+use waygate_host::HostOptions;
+use waygate_host::fakes::FakeProviders;
+
+const HCM_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+
+/// Where `for_host` points the bootstrap.
+struct Addresses<'a> {
+    admin: (&'a str, u16),
+    listener: (&'a str, u16),
+    fake: (&'a str, u16),
+    wasm: &'a str,
+}
+
+fn load(relative: &str) -> Yaml {
+    let path = root().join(relative);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn socket_address(host: &str, port: u16) -> Yaml {
+    let mut map = serde_yaml::Mapping::new();
+    map.insert("address".into(), host.into());
+    map.insert("port_value".into(), u64::from(port).into());
+    Yaml::Mapping(map)
+}
+
+fn mapping(value: &mut Yaml) -> &mut serde_yaml::Mapping {
+    value.as_mapping_mut().expect("a mapping")
+}
+
+/// The documented substitution, envoy/envoy.yaml -> a bootstrap waygate-host runs.
+fn for_host(mut doc: Yaml, to: &Addresses) -> Yaml {
+    doc["admin"]["address"]["socket_address"] = socket_address(to.admin.0, to.admin.1);
+
+    let listeners = doc["static_resources"]["listeners"]
+        .as_sequence_mut()
+        .expect("listeners");
+    assert_eq!(listeners.len(), 1, "one listener");
+    let listener = &mut listeners[0];
+    listener["address"]["socket_address"] = socket_address(to.listener.0, to.listener.1);
+    let mut wasm_filters = 0;
+    for chain in listener["filter_chains"].as_sequence_mut().expect("filter_chains") {
+        for filter in chain["filters"].as_sequence_mut().expect("filters") {
+            let hcm = &mut filter["typed_config"];
+            if hcm["@type"] != HCM_TYPE {
+                continue;
+            }
+            // Envoy-only: waygate-host has no access loggers.
+            mapping(hcm).remove("access_log");
+            for http_filter in hcm["http_filters"].as_sequence_mut().expect("http_filters") {
+                let typed = &mut http_filter["typed_config"];
+                if typed["@type"] == WASM_TYPE {
+                    typed["config"]["vm_config"]["code"]["local"]["filename"] = to.wasm.into();
+                    wasm_filters += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(wasm_filters, 1, "one wasm filter");
+
+    let mut fakes = 0;
+    for cluster in doc["static_resources"]["clusters"].as_sequence_mut().expect("clusters") {
+        // Envoy-only: waygate-host sets SNI from `sni` and checks the certificate against it.
+        mapping(cluster).remove("typed_extension_protocol_options");
+        if cluster["name"] == "fake" {
+            cluster["type"] = "STATIC".into();
+            let endpoints = cluster["load_assignment"]["endpoints"]
+                .as_sequence_mut()
+                .expect("endpoints");
+            assert_eq!(endpoints.len(), 1, "one locality for the fake cluster");
+            let lb = endpoints[0]["lb_endpoints"].as_sequence_mut().expect("lb_endpoints");
+            assert_eq!(lb.len(), 1, "one endpoint for the fake cluster");
+            lb[0]["endpoint"]["address"]["socket_address"] = socket_address(to.fake.0, to.fake.1);
+            fakes += 1;
+        }
+    }
+    assert_eq!(fakes, 1, "one `fake` cluster");
+    doc
+}
+
+/// Lists every path at which two YAML trees differ (so a failure says where, not just that).
+fn differences(path: &str, a: &Yaml, b: &Yaml, out: &mut Vec<String>) {
+    match (a, b) {
+        (Yaml::Mapping(ma), Yaml::Mapping(mb)) => {
+            for (k, va) in ma {
+                let key = k.as_str().map_or_else(|| format!("{k:?}"), str::to_owned);
+                match mb.get(k) {
+                    Some(vb) => differences(&format!("{path}.{key}"), va, vb, out),
+                    None => out.push(format!("{path}.{key}: only in envoy/envoy.yaml")),
+                }
+            }
+            for k in mb.keys().filter(|k| !ma.contains_key(*k)) {
+                out.push(format!(
+                    "{path}.{}: only in envoy/local.yaml",
+                    k.as_str().unwrap_or("?")
+                ));
+            }
+        }
+        (Yaml::Sequence(sa), Yaml::Sequence(sb)) if sa.len() == sb.len() => {
+            for (i, (va, vb)) in sa.iter().zip(sb).enumerate() {
+                differences(&format!("{path}[{i}]"), va, vb, out);
+            }
+        }
+        _ if a == b => {}
+        _ => out.push(format!(
+            "{path}: envoy/envoy.yaml has {a:?}, envoy/local.yaml has {b:?}"
+        )),
+    }
+}
+
+#[test]
+fn shipped_config_differs_from_local_yaml_only_in_addresses() {
+    let local = load("envoy/local.yaml");
+    // envoy/local.yaml's own addresses, so the rest must compare equal.
+    let admin = &local["admin"]["address"]["socket_address"];
+    let listener = &local["static_resources"]["listeners"][0]["address"]["socket_address"];
+    let fake = local["static_resources"]["clusters"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "fake")
+        .expect("envoy/local.yaml has a `fake` cluster");
+    let fake = &fake["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
+    let port = |v: &Yaml| u16::try_from(v["port_value"].as_u64().unwrap()).unwrap();
+    let host = |v: &Yaml| v["address"].as_str().unwrap().to_owned();
+    let (admin_host, listener_host, fake_host) = (host(admin), host(listener), host(fake));
+    let to = Addresses {
+        admin: (&admin_host, port(admin)),
+        listener: (&listener_host, port(listener)),
+        fake: (&fake_host, port(fake)),
+        wasm: "target/wasm32-wasip1/wasm/waygate.wasm",
+    };
+    let shipped = for_host(load("envoy/envoy.yaml"), &to);
+    let mut out = Vec::new();
+    differences("", &shipped, &local, &mut out);
+    assert!(
+        out.is_empty(),
+        "envoy/envoy.yaml and envoy/local.yaml differ beyond the documented addresses:\n  {}",
+        out.join("\n  ")
+    );
+}
+
+/// envoy/envoy.yaml, substituted, running in the host in front of the fake providers.
+struct Shipped {
+    _host: waygate_host::RunningHost,
+    _fakes: FakeProviders,
+    addr: SocketAddr,
+}
+
+fn start_shipped() -> Shipped {
+    let wasm = wasm_path();
+    assert!(
+        Path::new(&wasm).exists(),
+        "{} is missing: run `make wasm` (or `make test`)",
+        wasm.display()
+    );
+    let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
+    let fake_addr = fakes.addr();
+    let wasm = wasm.to_string_lossy().into_owned();
+    let to = Addresses {
+        admin: ("127.0.0.1", 0),
+        listener: ("127.0.0.1", 0),
+        fake: ("127.0.0.1", fake_addr.port()),
+        wasm: &wasm,
+    };
+    let yaml = serde_yaml::to_string(&for_host(load("envoy/envoy.yaml"), &to)).unwrap();
+    let options = HostOptions {
+        concurrency: 2,
+        // No real provider keys from the environment: only the fake provider is a candidate.
+        env: Some(Default::default()),
+        base_dir: root(),
+        ..Default::default()
+    };
+    let host = waygate_host::start(&yaml, options)
+        .unwrap_or_else(|e| panic!("the host refused envoy/envoy.yaml after the substitution: {e}"));
+    let addr = host.listener_addr("waygate").expect("listener `waygate`");
+    Shipped {
+        _host: host,
+        _fakes: fakes,
+        addr,
+    }
+}
+
+fn post_chat(addr: SocketAddr, body: &Value) -> common::Response {
+    let auth = format!("Bearer {DEV_KEY}");
+    send_raw(
+        addr,
+        "POST",
+        "/api/v1/chat/completions",
+        &[
+            ("authorization", auth.as_bytes()),
+            ("content-type", b"application/json"),
+        ],
+        body.to_string().as_bytes(),
+    )
+}
+
+#[test]
+fn shipped_config_serves_chat_completions_through_the_fake_provider() {
+    let gw = start_shipped();
+
+    // The README's curl: a provider-prefixed model through the `fake` cluster.
+    let r = post_chat(
+        gw.addr,
+        &json!({"model": "fake/ok", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "body: {}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion", "{v}");
+    assert_eq!(v["model"], "fake/ok", "{v}");
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty()),
+        "{v}"
+    );
+    assert!(v["usage"]["prompt_tokens"].as_u64().is_some(), "{v}");
+
+    // A listed model of the shipped plugin configuration.
+    let r = post_chat(
+        gw.addr,
+        &json!({"model": "demo/chat", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "body: {}", r.text());
+    assert_eq!(r.json()["model"], "demo/chat");
+
+    // Streaming passes the route's `timeout: 0s` and comes back as OpenAI chunks.
+    let r = post_chat(
+        gw.addr,
+        &json!({"model": "fake/ok", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "body: {}", r.text());
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk", "{first}");
+}
+
+#[test]
+fn shipped_config_keeps_its_guards() {
+    let gw = start_shipped();
+
+    // No key: the filter answers before any route is chosen.
+    let r = send_raw(
+        gw.addr,
+        "POST",
+        "/api/v1/chat/completions",
+        &[("content-type", b"application/json")],
+        br#"{"model":"fake/ok","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    r.assert_error(401, "authentication_error", "missing_api_key", None);
+
+    // A real provider whose key variable is unset is never a candidate.
+    let r = post_chat(
+        gw.addr,
+        &json!({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 503, "body: {}", r.text());
+    assert_eq!(r.json()["error"]["code"], "no_provider_available", "body: {}", r.text());
+
+    // Outside base_path the filter does not answer, and no route reaches a cluster.
+    let r = send_raw(gw.addr, "GET", "/v1/models", &[], b"");
+    assert_eq!(r.status, 404, "body: {}", r.text());
+}

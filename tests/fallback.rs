@@ -58,6 +58,72 @@ fn connect_refused_and_missing_clusters_fall_back() {
 }
 
 #[test]
+fn a_reset_before_any_response_falls_back() {
+    let gw = Gateway::with_config(&chain_config(&[("slammer", "ok"), ("backup", "ok")]));
+    served(&ask(&gw, None), "backup", "slammer:error,backup:200");
+    // As a fallback call too.
+    let gw = Gateway::with_config(&chain_config(&[
+        ("fake", "status-503"),
+        ("slammer", "ok"),
+        ("backup", "ok"),
+    ]));
+    served(&ask(&gw, None), "backup", "fake:503,slammer:error,backup:200");
+}
+
+#[test]
+fn fallback_crosses_apis_both_ways_streaming_and_not() {
+    for (chain, attempts, provider) in [
+        (
+            [("fake", "status-503"), ("fakeanthropic", "long-4")],
+            "fake:503,fakeanthropic:200",
+            "fakeanthropic",
+        ),
+        (
+            [("fakeanthropic", "status-529"), ("backup", "long-4")],
+            "fakeanthropic:529,backup:200",
+            "backup",
+        ),
+        (
+            [("fakegemini", "status-429"), ("fakeanthropic", "long-4")],
+            "fakegemini:429,fakeanthropic:200",
+            "fakeanthropic",
+        ),
+    ] {
+        let gw = Gateway::with_config(&chain_config(&chain));
+        let r = ask(&gw, None);
+        served(&r, provider, attempts);
+        assert_eq!(
+            r.json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .split_whitespace()
+                .count(),
+            4
+        );
+        let r = gw.chat(json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}], "stream": true}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-waygate-attempts"), Some(attempts));
+        let events = r.events();
+        assert_eq!(events.last().unwrap(), "[DONE]");
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text.split_whitespace().count(), 4, "{events:?}");
+        assert!(
+            chunks
+                .iter()
+                .all(|c| c["object"] == "chat.completion.chunk" && c["model"] == "chain/x")
+        );
+    }
+}
+
+#[test]
 fn a_timeout_falls_back() {
     // fastfail has timeout_ms 300; its upstream answers after 2 s.
     let gw = Gateway::with_config(&chain_config(&[("fastfail", "slow-2000"), ("backup", "ok")]));

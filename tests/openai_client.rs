@@ -33,3 +33,29 @@ fn the_official_python_client_works_against_the_gateway() {
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+#[test]
+fn the_official_python_client_works_against_anthropic_and_gemini_backed_models() {
+    let python = root().join("target/pyenv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `make test` (it installs the OpenAI client)",
+        python.display()
+    );
+    let gw = Gateway::start();
+    let base_url = format!("http://{}/api/v1", gw.addr);
+    let out = std::process::Command::new(python)
+        .arg(root().join("tests/clients/openai_client_providers.py"))
+        .arg(&base_url)
+        .arg(DEV_KEY)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "client failed:\n{stdout}\n{stderr}\n--- gateway log ---\n{}",
+        gw.logs()
+    );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}

@@ -81,6 +81,7 @@ pub fn test_plugin_config() -> Value {
              "api_key_env": "WAYGATE_TEST_UNSET_KEY"},
             {"id": "ghost", "api": "openai", "cluster": "nowhere", "authority": "ghost.local", "api_key": "ghost-key"},
             {"id": "closed", "api": "openai", "cluster": "closed", "authority": "closed.local", "api_key": "closed-key"},
+            {"id": "slammer", "api": "openai", "cluster": "slammer", "authority": "slammer.local", "api_key": "slam-key"},
             {"id": "fastfail", "api": "openai", "cluster": "fake", "authority": "fake.local",
              "path_prefix": "/v1", "api_key": "fake-openai-key", "timeout_ms": 300},
             {"id": "backup", "api": "openai", "cluster": "fake", "authority": "fake.local",
@@ -118,23 +119,31 @@ pub fn bootstrap(fake: SocketAddr, plugin: &Value) -> String {
         &mut listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]["typed_config"]["config"];
     wasm["configuration"]["value"] = serde_json::to_string(plugin).unwrap().into();
     wasm["vm_config"]["code"]["local"]["filename"] = wasm_path().to_string_lossy().to_string().into();
-    // A `closed` cluster on a port nobody listens on, routed like the others.
+    // A `closed` cluster on a port nobody listens on, and a `slammer` cluster
+    // whose server accepts and closes at once (a reset before any response),
+    // routed like the others.
     let routes =
         listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
             .as_sequence_mut()
             .unwrap();
-    let mut closed_route = routes.iter().find(|r| r["name"] == "fake").unwrap().clone();
-    closed_route["name"] = "closed".into();
-    closed_route["match"]["headers"][0]["string_match"]["exact"] = "closed".into();
-    closed_route["route"]["cluster"] = "closed".into();
-    routes.insert(0, closed_route);
+    let fake_route = routes.iter().find(|r| r["name"] == "fake").unwrap().clone();
+    for name in ["closed", "slammer"] {
+        let mut route = fake_route.clone();
+        route["name"] = name.into();
+        route["match"]["headers"][0]["string_match"]["exact"] = name.into();
+        route["route"]["cluster"] = name.into();
+        routes.insert(0, route);
+    }
     let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
-    let mut closed = clusters.iter().find(|c| c["name"] == "fake").unwrap().clone();
-    closed["name"] = "closed".into();
-    closed["load_assignment"]["cluster_name"] = "closed".into();
-    closed["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
-        closed_port().into();
-    clusters.push(closed);
+    let fake_cluster = clusters.iter().find(|c| c["name"] == "fake").unwrap().clone();
+    for (name, port) in [("closed", closed_port()), ("slammer", door_slammer_port())] {
+        let mut cluster = fake_cluster.clone();
+        cluster["name"] = name.into();
+        cluster["load_assignment"]["cluster_name"] = name.into();
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
+            port.into();
+        clusters.push(cluster);
+    }
     for cluster in clusters.iter_mut() {
         if cluster["name"] == "fake" {
             let sa = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
@@ -142,6 +151,22 @@ pub fn bootstrap(fake: SocketAddr, plugin: &Value) -> String {
         }
     }
     serde_yaml::to_string(&doc).unwrap()
+}
+
+/// A server that accepts every connection and closes it at once, shared by
+/// the tests of one binary.
+fn door_slammer_port() -> u16 {
+    static PORT: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    *PORT.get_or_init(|| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for conn in l.incoming().flatten() {
+                drop(conn);
+            }
+        });
+        port
+    })
 }
 
 /// A local port with nothing listening: bound, then released.

@@ -362,6 +362,13 @@ impl Exchange {
             self.standing = limits::admit(store, key, now)?;
         }
         let directive = routing::parse_directive(&cfg, &request.body)?;
+        // Named in the 503 if nothing is left: the usual cause is an unset key.
+        let keyless: Vec<String> = defaults
+            .iter()
+            .filter_map(|c| cfg.providers.get(c.provider))
+            .filter(|p| p.credential.is_none())
+            .map(|p| p.id.clone())
+            .collect();
         self.plan = routing::plan(&cfg, defaults, &directive);
         self.max_tries = routing::max_tries(&cfg, &directive);
         let prefix = match op {
@@ -379,7 +386,10 @@ impl Exchange {
 
         match self.next_upstream() {
             Some((provider, upstream)) => Ok(self.forward(&cfg, provider, upstream)),
-            None => Err(self.refusal.take().unwrap_or_else(|| routing::no_provider(&model))),
+            None => Err(self
+                .refusal
+                .take()
+                .unwrap_or_else(|| routing::no_provider(&model, &keyless))),
         }
     }
 
@@ -575,6 +585,9 @@ impl Exchange {
         if end_of_stream {
             self.phase = Phase::Done;
         }
+        // Each push writes whole events, so a credential is never split
+        // between two outputs.
+        self.redact(&mut out);
         out
     }
 
@@ -605,6 +618,10 @@ impl Exchange {
             return match self.translate_success(&provider, body, event_stream) {
                 Ok(rewrite) => rewrite,
                 Err(why) => {
+                    // `why` may quote the provider's body (serde names the value it refused).
+                    let mut why = why.into_bytes();
+                    self.redact(&mut why);
+                    let why = String::from_utf8_lossy(&why);
                     log::warn!("waygate: provider {} sent an invalid answer: {why}", provider.id);
                     let e = ApiError::new(
                         502,
@@ -649,7 +666,7 @@ impl Exchange {
     fn translate_success(&mut self, provider: &Provider, body: &[u8], event_stream: bool) -> Result<Rewrite, String> {
         let streaming = self.request.as_ref().is_some_and(|r| r.stream);
         let stamp = self.stamp.clone().unwrap_or_else(empty_stamp);
-        let (content_type, out) = if streaming {
+        let (content_type, mut out) = if streaming {
             if !event_stream {
                 return Err("a stream was asked for but the answer is not text/event-stream".into());
             }
@@ -666,6 +683,7 @@ impl Exchange {
             let out = serde_json::to_vec(&answer::finish(&stamp, answer, usage)).map_err(|e| e.to_string())?;
             ("application/json", out)
         };
+        self.redact(&mut out);
         self.status = 200;
         let mut set = vec![
             (":status".to_string(), "200".to_string()),
@@ -702,7 +720,9 @@ impl Exchange {
     fn rewrite_error(&mut self, e: &ApiError, served: bool) -> Rewrite {
         self.status = e.status;
         self.error_code = Some(e.code.clone());
-        let body = e.body();
+        // A provider's own message (400/413/422) may echo the request.
+        let mut body = e.body();
+        self.redact(&mut body);
         let mut set = vec![(":status".to_string(), e.status.to_string())];
         set.extend(e.headers());
         set.push(("content-length".into(), body.len().to_string()));
@@ -752,6 +772,21 @@ impl Exchange {
             })
             .collect();
         list.join(", ")
+    }
+
+    /// Scrubs the credential of every provider this request was sent to
+    /// from bytes on their way to the client or the log. A provider that
+    /// echoes the request (its error message, an echo model, a value serde
+    /// quotes back) would otherwise hand our key to the client.
+    fn redact(&self, bytes: &mut Vec<u8>) {
+        let mut sent: Vec<usize> = self.attempts.iter().map(|(p, _)| *p).chain(self.provider).collect();
+        sent.sort_unstable();
+        sent.dedup();
+        for p in sent {
+            if let Some(secret) = self.config.providers.get(p).and_then(|p| p.credential.as_deref()) {
+                redact_secret(bytes, secret);
+            }
+        }
     }
 
     fn reply_error(&mut self, e: &ApiError) -> Reply {
@@ -934,6 +969,62 @@ fn is_envoy_local_reply(status: u16, body: &[u8]) -> bool {
     }
 }
 
+/// What a scrubbed credential becomes.
+const REDACTED: &[u8] = b"[redacted]";
+/// Shorter credentials are not scrubbed: replacing every occurrence of a
+/// few characters would mangle answers (real provider keys are far longer).
+const MIN_REDACTED_LEN: usize = 8;
+
+/// Replaces every occurrence of `secret`, as is and as it looks inside a
+/// JSON string, with [`REDACTED`].
+fn redact_secret(bytes: &mut Vec<u8>, secret: &str) {
+    if secret.len() < MIN_REDACTED_LEN {
+        return;
+    }
+    replace_all(bytes, secret.as_bytes());
+    if let Ok(quoted) = serde_json::to_string(secret)
+        && let Some(escaped) = quoted.get(1..quoted.len().saturating_sub(1))
+        && escaped != secret
+    {
+        replace_all(bytes, escaped.as_bytes());
+    }
+}
+
+fn replace_all(bytes: &mut Vec<u8>, needle: &[u8]) {
+    let Some(mut at) = find(bytes, needle, 0) else {
+        return;
+    };
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut from = 0;
+    loop {
+        out.extend_from_slice(bytes.get(from..at).unwrap_or_default());
+        out.extend_from_slice(REDACTED);
+        from = at.saturating_add(needle.len());
+        match find(bytes, needle, from) {
+            Some(next) => at = next,
+            None => break,
+        }
+    }
+    out.extend_from_slice(bytes.get(from..).unwrap_or_default());
+    *bytes = out;
+}
+
+/// The first `needle` in `haystack` at or after `from`.
+fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+    let (&first, rest) = needle.split_first()?;
+    let mut start = from;
+    while let Some(tail) = haystack.get(start..) {
+        let offset = tail.iter().position(|b| *b == first)?;
+        let at = start.saturating_add(offset);
+        let after = at.saturating_add(1);
+        if haystack.get(after..after.saturating_add(rest.len())) == Some(rest) {
+            return Some(at);
+        }
+        start = after;
+    }
+    None
+}
+
 /// The part of `path` after `base`, when `path` is `base` or below it.
 fn under_base<'p>(path: &'p [u8], base: &[u8]) -> Option<&'p [u8]> {
     let rest = path.strip_prefix(base)?;
@@ -960,4 +1051,148 @@ fn printable(raw: &[u8]) -> String {
         .filter(|c| !c.is_control())
         .take(200)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::tests::MemoryStore;
+    use sha2::{Digest, Sha256};
+
+    const SECRET: &str = "sk-oa-secret-0123456789";
+    const ANTHROPIC_SECRET: &str = "sk-an-secret-9876543210";
+    const CLIENT_KEY: &str = "wg-client-key";
+
+    fn config() -> Rc<Config> {
+        let digest: String = Sha256::digest(CLIENT_KEY.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let json = format!(
+            r#"{{"keys":[{{"id":"dev","sha256":"{digest}"}}],
+              "providers":[
+                {{"id":"oa","api":"openai","cluster":"c_oa","authority":"oa.local","api_key":"{SECRET}"}},
+                {{"id":"an","api":"anthropic","cluster":"c_an","authority":"an.local","api_key":"{ANTHROPIC_SECRET}"}}],
+              "models":[{{"id":"chain/x","endpoints":[{{"provider":"oa","model":"a"}},{{"provider":"an","model":"b"}}]}}]}}"#
+        );
+        Rc::new(Config::parse(json.as_bytes(), &|_| None).unwrap())
+    }
+
+    /// An exchange whose request went upstream to `model`'s first provider.
+    fn forwarded(model: &str, stream: bool) -> Exchange {
+        let mut ex = Exchange::new(config());
+        let auth = format!("Bearer {CLIENT_KEY}");
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = [
+            (":method", "POST"),
+            (":path", "/api/v1/chat/completions"),
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+        assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
+        let body = json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
+        let forward = ex
+            .on_request_body(body.to_string().as_bytes(), 1_700_000_000, &mut MemoryStore::default())
+            .unwrap();
+        assert!(forward.remove.contains(&"authorization".to_string()));
+        ex
+    }
+
+    fn head(status: u16, content_type: &str) -> ResponseHead<'_> {
+        ResponseHead {
+            status,
+            content_type: Some(content_type.as_bytes()),
+            retry_after: None,
+            code_details: Some("via_upstream"),
+        }
+    }
+
+    fn text(bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+
+    #[test]
+    fn a_provider_echoing_its_credential_in_an_answer_is_redacted() {
+        let mut ex = forwarded("oa/echo", false);
+        assert_eq!(
+            ex.on_response_headers(&head(200, "application/json"), false).0,
+            ResponseAction::Buffer
+        );
+        let echoed = json!({"choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": format!("{{\"authorization\":\"Bearer {SECRET}\"}}")}}]});
+        let rewrite = ex.on_buffered_body(echoed.to_string().as_bytes());
+        assert_eq!(rewrite.status, 200);
+        let body = text(&rewrite.body);
+        assert!(!body.contains(SECRET) && body.contains("Bearer [redacted]"), "{body}");
+        let length = rewrite.set.iter().find(|(k, _)| k == "content-length").unwrap();
+        assert_eq!(length.1, rewrite.body.len().to_string());
+    }
+
+    #[test]
+    fn a_provider_echoing_its_credential_in_a_stream_is_redacted() {
+        let mut ex = forwarded("oa/echo", true);
+        let (action, _) = ex.on_response_headers(&head(200, "text/event-stream"), false);
+        assert!(matches!(action, ResponseAction::Stream { .. }));
+        let event = json!({"choices": [{"index": 0, "delta": {"content": SECRET}}]});
+        let mut out = ex.on_stream_body(format!("data: {event}\n\n").as_bytes(), false);
+        let error = json!({"error": {"message": format!("bad key {SECRET}")}});
+        out.extend(ex.on_stream_body(format!("data: {error}\n\n").as_bytes(), true));
+        let out = text(&out);
+        assert!(!out.contains(SECRET), "{out}");
+        assert_eq!(out.matches("[redacted]").count(), 2, "{out}");
+    }
+
+    #[test]
+    fn a_provider_error_message_echoing_the_credential_is_redacted() {
+        let mut ex = forwarded("oa/x", false);
+        assert_eq!(
+            ex.on_response_headers(&head(400, "application/json"), false).0,
+            ResponseAction::Buffer
+        );
+        let error =
+            json!({"error": {"message": format!("Incorrect API key provided: {SECRET}."), "code": "invalid_api_key"}});
+        let rewrite = ex.on_buffered_body(error.to_string().as_bytes());
+        assert_eq!(rewrite.status, 400);
+        let v: Value = serde_json::from_slice(&rewrite.body).unwrap();
+        assert_eq!(v["error"]["message"], "Incorrect API key provided: [redacted].");
+    }
+
+    #[test]
+    fn a_fallback_answer_is_redacted_for_every_provider_tried() {
+        let mut ex = forwarded("chain/x", false);
+        let (action, _) = ex.on_response_headers(&head(503, "application/json"), false);
+        let ResponseAction::Fallback(call) = action else {
+            panic!("expected a fallback: {action:?}")
+        };
+        assert_eq!(call.cluster, "c_an");
+        assert!(call.headers.iter().all(|(_, v)| !v.contains(CLIENT_KEY)));
+        let error = json!({"type": "error", "error": {"type": "invalid_request_error",
+            "message": format!("keys {ANTHROPIC_SECRET} and {SECRET}")}});
+        let CallStep::Reply(rewrite) =
+            ex.on_call_response(&head(400, "application/json"), error.to_string().as_bytes())
+        else {
+            panic!("expected the final answer")
+        };
+        let body = text(&rewrite.body);
+        assert!(!body.contains(SECRET) && !body.contains(ANTHROPIC_SECRET), "{body}");
+    }
+
+    #[test]
+    fn redaction_replaces_every_occurrence_and_spares_short_keys() {
+        let mut bytes = b"aSECRET-KEYbSECRET-KEYSECRET-KEYc".to_vec();
+        redact_secret(&mut bytes, "SECRET-KEY");
+        assert_eq!(text(&bytes), "a[redacted]b[redacted][redacted]c");
+        let mut bytes = b"a short key".to_vec();
+        redact_secret(&mut bytes, "short");
+        assert_eq!(text(&bytes), "a short key");
+        // As a JSON string shows it.
+        let mut bytes = br#"{"m":"key \"quoted\" key"}"#.to_vec();
+        redact_secret(&mut bytes, r#"key "quoted" key"#);
+        assert_eq!(text(&bytes), r#"{"m":"[redacted]"}"#);
+        assert_eq!(find(b"abcabd", b"abd", 0), Some(3));
+        assert_eq!(find(b"ab", b"abc", 0), None);
+        assert_eq!(find(b"abc", b"", 0), None);
+    }
 }

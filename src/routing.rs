@@ -164,14 +164,18 @@ pub fn max_tries(config: &Config, directive: &Directive) -> usize {
     usize::try_from(tries).unwrap_or(usize::MAX)
 }
 
-/// The 503 for an empty plan.
-pub fn no_provider(model: &str) -> ApiError {
-    ApiError::new(
-        503,
-        ErrorType::Upstream,
-        "no_provider_available",
-        format!("No provider is available for '{model}' under this request's routing rules."),
-    )
+/// The 503 for an empty plan. `keyless` names providers that would serve
+/// the model but have no credential configured (an unset `api_key_env`).
+pub fn no_provider(model: &str, keyless: &[String]) -> ApiError {
+    let message = if keyless.is_empty() {
+        format!("No provider is available for '{model}' under this request's routing rules.")
+    } else {
+        format!(
+            "No provider is available for '{model}': {} has no API key configured on this gateway.",
+            keyless.join(", ")
+        )
+    };
+    ApiError::new(503, ErrorType::Upstream, "no_provider_available", message)
 }
 
 #[cfg(test)]

@@ -44,14 +44,24 @@ pub fn authenticate<'k>(keys: &'k [Key], token: &[u8]) -> Result<&'k Key, ApiErr
         return Err(invalid());
     }
     let digest: [u8; 32] = Sha256::digest(token).into();
+    find_digest(keys, &digest, constant_time_eq).ok_or_else(invalid)
+}
+
+/// The key with `digest`, comparing with `eq`: every key is visited and
+/// compared, wherever (or whether) the match is, so the time taken does not
+/// tell which key matched.
+fn find_digest<'k>(
+    keys: &'k [Key],
+    digest: &[u8; 32],
+    mut eq: impl FnMut(&[u8; 32], &[u8; 32]) -> bool,
+) -> Option<&'k Key> {
     let mut found = None;
     for key in keys {
-        // Every digest is compared in full, and every key is visited.
-        if constant_time_eq(&key.sha256, &digest) {
+        if eq(&key.sha256, digest) {
             found = Some(key);
         }
     }
-    found.ok_or_else(invalid)
+    found
 }
 
 /// Equality whose running time does not depend on where the inputs differ.
@@ -121,6 +131,39 @@ mod tests {
         assert!(may_use(&k, "anthropic/claude-3-5-haiku"));
         assert!(!may_use(&k, "anthropic/claude-opus"));
         assert!(may_use(&key("u", None), "anything/else"));
+    }
+
+    #[test]
+    fn key_lookup_compares_every_key_wherever_the_match_is() {
+        let keys: Vec<Key> = (0..5).map(|i| key(&format!("k{i}"), None)).collect();
+        for (token, expect) in [
+            ("k0", Some("id-k0")),
+            ("k2", Some("id-k2")),
+            ("k4", Some("id-k4")),
+            ("x", None),
+        ] {
+            let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+            let mut compared = Vec::new();
+            let found = find_digest(&keys, &digest, |a, b| {
+                compared.push(*a);
+                constant_time_eq(a, b)
+            });
+            assert_eq!(found.map(|k| k.id.as_str()), expect, "{token}");
+            let all: Vec<[u8; 32]> = keys.iter().map(|k| k.sha256).collect();
+            assert_eq!(compared, all, "{token}: every key, in order, exactly once");
+        }
+    }
+
+    #[test]
+    fn constant_time_eq_has_no_early_exit() {
+        // Differences at the first and at the last byte are both found: the
+        // fold reads all 32 bytes (no short-circuiting `==` on slices).
+        let a = [7u8; 32];
+        for at in 0..32 {
+            let mut b = a;
+            b[at] ^= 0x80;
+            assert!(!constant_time_eq(&a, &b), "difference at {at}");
+        }
     }
 
     #[test]

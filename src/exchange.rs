@@ -169,6 +169,9 @@ pub struct Exchange {
     refusal: Option<ApiError>,
     /// The key's limits and use, when it has limits; tokens counted once.
     standing: Option<Standing>,
+    /// Request headers besides `authorization` that carry the client's key
+    /// (SDKs also send it as `x-api-key`, `api-key`, ...): never forwarded.
+    key_headers: Vec<String>,
     settled: bool,
     /// The contract code of the error answered, if any.
     error_code: Option<String>,
@@ -196,6 +199,7 @@ impl Exchange {
             max_tries: 0,
             refusal: None,
             standing: None,
+            key_headers: Vec::new(),
             settled: false,
             error_code: None,
             stream: None,
@@ -235,6 +239,7 @@ impl Exchange {
         let action = match self.check_head(&cfg, sub, &header, end_of_stream) {
             Ok(Some(op)) => {
                 self.phase = Phase::ReadingBody(op);
+                self.key_headers = key_headers(pairs, header("authorization"));
                 HeadersAction::ReadBody
             }
             Ok(None) => HeadersAction::Reply(self.reply(self.models_listing())),
@@ -441,8 +446,10 @@ impl Exchange {
             ("x-envoy-upstream-rq-timeout-ms".into(), provider.timeout_ms.to_string()),
         ];
         set.extend(upstream.headers);
+        let mut remove: Vec<String> = HOP_HEADERS_TO_DROP.iter().map(|h| h.to_string()).collect();
+        remove.extend(self.key_headers.iter().cloned());
         Forward {
-            remove: HOP_HEADERS_TO_DROP.iter().map(|h| h.to_string()).collect(),
+            remove,
             set,
             body: upstream.body,
         }
@@ -565,11 +572,22 @@ impl Exchange {
             None => Box::new(providers::openai::OpenAiStream),
         };
         let include_usage = self.request.as_ref().is_some_and(|r| r.include_usage);
-        StreamRewriter::new(
+        let rewriter = StreamRewriter::new(
             translator,
             self.stamp.clone().unwrap_or_else(empty_stamp),
             include_usage,
-        )
+        );
+        // Deltas may split the credential, which the byte-level redaction of
+        // each output cannot see: the rewriter scrubs the text itself.
+        let credential = self
+            .provider
+            .and_then(|p| self.config.providers.get(p))
+            .and_then(|p| p.credential.as_deref())
+            .filter(|c| c.len() >= MIN_REDACTED_LEN);
+        match credential {
+            Some(secret) => rewriter.redacting(secret),
+            None => rewriter,
+        }
     }
 
     /// A chunk of a live stream; returns the bytes that replace it.
@@ -969,6 +987,25 @@ fn is_envoy_local_reply(status: u16, body: &[u8]) -> bool {
     }
 }
 
+/// The names of the headers, other than `authorization`, whose value holds
+/// the client's bearer token.
+fn key_headers(pairs: &[(Vec<u8>, Vec<u8>)], authorization: Option<&[u8]>) -> Vec<String> {
+    let Ok(token) = auth::bearer_token(authorization) else {
+        return Vec::new();
+    };
+    if token.len() < MIN_REDACTED_LEN {
+        return Vec::new();
+    }
+    let mut names: Vec<String> = Vec::new();
+    for (name, value) in pairs {
+        let Ok(name) = std::str::from_utf8(name) else { continue };
+        if name != "authorization" && find(value, token, 0).is_some() && !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    names
+}
+
 /// What a scrubbed credential becomes.
 const REDACTED: &[u8] = b"[redacted]";
 /// Shorter credentials are not scrubbed: replacing every occurrence of a
@@ -1177,6 +1214,39 @@ mod tests {
         };
         let body = text(&rewrite.body);
         assert!(!body.contains(SECRET) && !body.contains(ANTHROPIC_SECRET), "{body}");
+    }
+
+    #[test]
+    fn the_clients_key_in_other_headers_is_never_forwarded() {
+        let mut ex = Exchange::new(config());
+        let auth = format!("Bearer {CLIENT_KEY}");
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = [
+            (":method", "POST"),
+            (":path", "/api/v1/chat/completions"),
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+            ("x-api-key", CLIENT_KEY),
+            ("api-key", CLIENT_KEY),
+            ("x-other", "harmless"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+        assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
+        let body = json!({"model": "an/x", "messages": [{"role": "user", "content": "hi"}]});
+        let forward = ex
+            .on_request_body(body.to_string().as_bytes(), 1, &mut MemoryStore::default())
+            .unwrap();
+        for name in ["authorization", "x-api-key", "api-key"] {
+            assert!(forward.remove.iter().any(|r| r == name), "{name}: {:?}", forward.remove);
+        }
+        assert!(!forward.remove.iter().any(|r| r == "x-other"));
+        // Removed first, then the provider's own credential is set.
+        assert!(
+            forward
+                .set
+                .contains(&("x-api-key".to_string(), ANTHROPIC_SECRET.to_string()))
+        );
     }
 
     #[test]

@@ -338,6 +338,30 @@ mod tests {
     }
 
     #[test]
+    fn numbers_pass_through_re_encoding_unchanged() {
+        // Found by the `request` fuzz target: without serde_json's
+        // `float_roundtrip`, a number with more digits than a double holds
+        // parsed to a neighbour of the nearest double, so the body sent
+        // upstream changed the client's number.
+        let long = format!("1{}0", "1".repeat(76));
+        for number in [
+            long.as_str(),
+            "0.30000000000000004",
+            "1.7976931348623157e308",
+            "5e-324",
+            "2.2250738585072014e-308",
+        ] {
+            let body = format!(r#"{{"model":"a/b","messages":[{{"role":"user","content":"x"}}],"x":{number}}}"#);
+            let first = chat(&body).unwrap();
+            let again = serde_json::to_vec(&Value::Object(first.body.clone())).unwrap();
+            let second = parse(Operation::Chat, &again).unwrap();
+            assert_eq!(first, second, "{number}");
+            let expect: f64 = number.parse().unwrap();
+            assert_eq!(first.body["x"].as_f64(), Some(expect), "{number} is the nearest double");
+        }
+    }
+
+    #[test]
     fn legacy_prompt_must_be_a_string() {
         let e = parse(Operation::Completions, br#"{"model":"a/b","prompt":["x"]}"#).unwrap_err();
         assert_eq!((e.code.as_str(), e.param.as_deref()), ("invalid_type", Some("prompt")));

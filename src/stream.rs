@@ -6,6 +6,10 @@
 //! role on the first delta, usage only in one extra chunk right before
 //! `[DONE]` and only when the client asked, and one error event (no `[DONE]`)
 //! when the stream fails or ends without its terminal event.
+//!
+//! With [`StreamRewriter::redacting`], the provider's credential is scrubbed
+//! from the streamed text even when a provider that echoes it splits it
+//! across deltas (see [`Scrubber`]).
 
 use serde_json::{Value, json};
 
@@ -29,6 +33,7 @@ pub struct StreamRewriter {
     /// Scratch space reused across chunks.
     events: Vec<SseEvent>,
     items: Vec<StreamItem>,
+    scrubber: Option<Scrubber>,
 }
 
 impl StreamRewriter {
@@ -43,7 +48,14 @@ impl StreamRewriter {
             finished: false,
             events: Vec::new(),
             items: Vec::new(),
+            scrubber: None,
         }
+    }
+
+    /// Scrubs `secret` (the provider's credential) from the streamed text.
+    pub fn redacting(mut self, secret: &str) -> Self {
+        self.scrubber = Some(Scrubber::new(secret));
+        self
     }
 
     /// Usage seen so far (for the access log and limits).
@@ -87,9 +99,23 @@ impl StreamRewriter {
     /// A failure outside the stream (reset, timeout): the error event.
     pub fn fail(&mut self, error: &ApiError, out: &mut Vec<u8>) {
         if !self.finished {
+            self.flush_held(out);
             write_data(out, &error.body());
             self.finished = true;
         }
+    }
+
+    /// Text the scrubber still holds goes out before the stream ends.
+    fn flush_held(&mut self, out: &mut Vec<u8>) {
+        // Out of the way while its own text is written, or it would hold it again.
+        let Some(mut scrubber) = self.scrubber.take() else {
+            return;
+        };
+        for (index, text) in scrubber.drain() {
+            let chunk = json!({"choices": [{"index": index, "delta": {"content": text}, "finish_reason": null}]});
+            self.write_chunk(chunk, out);
+        }
+        self.scrubber = Some(scrubber);
     }
 
     fn drain_events(&mut self, out: &mut Vec<u8>) {
@@ -116,6 +142,7 @@ impl StreamRewriter {
             StreamItem::Chunk(chunk) => self.write_chunk(chunk, out),
             StreamItem::Usage(usage) => self.usage = Some(usage),
             StreamItem::Done => {
+                self.flush_held(out);
                 if self.include_usage {
                     let usage = self.usage.unwrap_or_default();
                     let chunk = self.envelope(Value::Array(Vec::new()), Some(usage.to_json()));
@@ -132,6 +159,9 @@ impl StreamRewriter {
         let Some(Value::Array(mut choices)) = chunk.get("choices").cloned() else {
             return;
         };
+        if let Some(scrubber) = self.scrubber.as_mut() {
+            scrubber.scrub_choices(&mut choices);
+        }
         if self.stamp.op == Operation::Completions {
             choices = choices
                 .iter()
@@ -183,6 +213,124 @@ impl StreamRewriter {
             map.insert("usage".into(), usage);
         }
         v
+    }
+}
+
+/// What a scrubbed credential becomes.
+const REDACTED: &str = "[redacted]";
+/// The shortest start of the secret held back at the end of a delta; a
+/// shorter one goes out, and the rest of the secret is scrubbed from the
+/// next delta instead, so at most this many characters less one are seen.
+const HOLD_MIN: usize = 4;
+
+/// Scrubs one secret from each choice's streamed text (`delta.content`, or
+/// `text` for native legacy), where it may be split across deltas: a delta
+/// ending in the first [`HOLD_MIN`]+ characters of the secret keeps them
+/// back until the next delta of that choice tells, and a delta continuing a
+/// shorter start that already went out has that continuation scrubbed.
+/// Held text goes out with the choice's finish, at `[DONE]`, or before the
+/// error event. Translation is per event, so this is chunking-invariant.
+struct Scrubber {
+    secret: String,
+    /// Per choice index: the held text and the end of what went out.
+    choices: Vec<(u64, String, String)>,
+}
+
+impl Scrubber {
+    fn new(secret: &str) -> Scrubber {
+        Scrubber {
+            secret: secret.to_string(),
+            choices: Vec::new(),
+        }
+    }
+
+    fn scrub_choices(&mut self, choices: &mut [Value]) {
+        for (position, choice) in choices.iter_mut().enumerate() {
+            let index = choice.get("index").and_then(Value::as_u64).unwrap_or(position as u64);
+            let finishing = choice.get("finish_reason").is_some_and(|f| !f.is_null());
+            let field = if choice.get("text").is_some_and(Value::is_string) {
+                choice.get_mut("text")
+            } else {
+                choice
+                    .get_mut("delta")
+                    .and_then(Value::as_object_mut)
+                    .map(|d| d.entry("content").or_insert(Value::Null))
+            };
+            let Some(field) = field else { continue };
+            let text = field.as_str().unwrap_or_default();
+            let had_text = field.is_string();
+            let scrubbed = self.scrub(index, text, finishing);
+            if had_text || !scrubbed.is_empty() {
+                *field = Value::String(scrubbed);
+            } else if field.is_null() {
+                // Added only to look for the field: leave the delta as it was.
+                if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut)
+                    && delta.get("content").is_some_and(Value::is_null)
+                {
+                    delta.remove("content");
+                }
+            }
+        }
+    }
+
+    /// The text of one delta of choice `index`, scrubbed, minus what is held.
+    fn scrub(&mut self, index: u64, text: &str, finishing: bool) -> String {
+        let secret = self.secret.as_str();
+        let at = match self.choices.iter().position(|(i, _, _)| *i == index) {
+            Some(at) => at,
+            None => {
+                self.choices.push((index, String::new(), String::new()));
+                self.choices.len().saturating_sub(1)
+            }
+        };
+        let Some((_, held, tail)) = self.choices.get_mut(at) else {
+            return text.to_string();
+        };
+        let mut s = std::mem::take(held);
+        s.push_str(text);
+        let mut s = s.replace(secret, REDACTED);
+        // The secret's start went out already: scrub its continuation.
+        let spanning = (1..secret.len())
+            .rev()
+            .filter(|k| secret.is_char_boundary(*k))
+            .find_map(|k| {
+                let (start, rest) = (secret.get(..k)?, secret.get(k..)?);
+                (tail.ends_with(start) && s.starts_with(rest)).then_some(rest.len())
+            });
+        if let Some(rest) = spanning {
+            s = format!("{REDACTED}{}", s.get(rest..).unwrap_or_default());
+        }
+        // Text ending in the secret's first HOLD_MIN+ characters (counting
+        // what just went out): hold back this delta's part of them.
+        let keep = if finishing {
+            0
+        } else {
+            let seen = format!("{tail}{s}");
+            (HOLD_MIN..secret.len())
+                .rev()
+                .filter(|k| secret.is_char_boundary(*k))
+                .find(|k| secret.get(..*k).is_some_and(|start| seen.ends_with(start)))
+                .map_or(0, |k| k.min(s.len()))
+        };
+        let emit_len = s.len().saturating_sub(keep);
+        *held = s.get(emit_len..).unwrap_or_default().to_string();
+        s.truncate(emit_len);
+        tail.push_str(&s);
+        let mut cut = tail.len().saturating_sub(secret.len());
+        while !tail.is_char_boundary(cut) {
+            cut = cut.saturating_add(1);
+        }
+        tail.drain(..cut);
+        s
+    }
+
+    /// Every choice's held text, emptied.
+    fn drain(&mut self) -> Vec<(u64, String)> {
+        self.choices
+            .iter_mut()
+            .filter(|(_, held, _)| !held.is_empty())
+            .map(|(index, held, _)| (*index, std::mem::take(held)))
+            .collect()
     }
 }
 
@@ -303,5 +451,108 @@ mod tests {
         assert_eq!(ev.len(), 2);
         let last: Value = serde_json::from_str(ev[1]).unwrap();
         assert_eq!(last["error"]["message"], "overloaded");
+    }
+
+    const SECRET: &str = "sk-live-0123456789";
+
+    /// An OpenAI stream whose content deltas are `pieces`, then `ending`.
+    fn stream_of(pieces: &[&str], ending: &str) -> String {
+        let mut s = String::new();
+        for p in pieces {
+            let v = json!({"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": null}]});
+            s.push_str(&format!("data: {v}\n\n"));
+        }
+        s.push_str(ending);
+        s
+    }
+
+    /// Replays with the secret scrubbed; returns the client's events.
+    fn scrubbed(op: Operation, input: &str) -> Vec<Value> {
+        let mut reference: Option<Vec<u8>> = None;
+        for chunks in chunkings(input.as_bytes()) {
+            let mut r = StreamRewriter::new(Box::new(OpenAiStream), stamp(op), true).redacting(SECRET);
+            let mut out = Vec::new();
+            for c in chunks {
+                r.push(c, &mut out);
+            }
+            r.finish(&mut out);
+            match &reference {
+                None => reference = Some(out),
+                Some(prev) => assert_eq!(&out, prev),
+            }
+        }
+        let out = String::from_utf8(reference.unwrap()).unwrap();
+        events(&out)
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap_or(Value::String(e.to_string())))
+            .collect()
+    }
+
+    fn text_of(events: &[Value]) -> String {
+        events
+            .iter()
+            .filter_map(|e| {
+                let c = &e["choices"][0];
+                c["delta"]["content"]
+                    .as_str()
+                    .or(c["text"].as_str())
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
+    const FINISH: &str =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+
+    #[test]
+    fn a_credential_split_across_deltas_is_scrubbed() {
+        for cut in 1..SECRET.len() {
+            let (a, b) = SECRET.split_at(cut);
+            let events = scrubbed(Operation::Chat, &stream_of(&["key: ", a, b, " end"], FINISH));
+            let text = text_of(&events);
+            assert!(!text.contains(SECRET), "cut at {cut}: {text}");
+            // At most the first HOLD_MIN - 1 characters went out before it.
+            let shown = &SECRET[..cut.min(HOLD_MIN - 1)];
+            let expect = if cut < HOLD_MIN {
+                format!("key: {shown}[redacted] end")
+            } else {
+                "key: [redacted] end".to_string()
+            };
+            assert_eq!(text, expect, "cut at {cut}");
+            assert_eq!(events.last().unwrap(), "[DONE]");
+        }
+        // Short pieces that add up to more than HOLD_MIN - 1 characters.
+        let events = scrubbed(
+            Operation::Chat,
+            &stream_of(&["sk", "-", "l", "ive-0123456789", "."], FINISH),
+        );
+        assert_eq!(text_of(&events), "sk-[redacted].");
+        // Three pieces, and legacy clients.
+        let events = scrubbed(
+            Operation::Completions,
+            &stream_of(&["x", "sk-live-01", "2345", "6789!"], FINISH),
+        );
+        assert_eq!(text_of(&events), "x[redacted]!");
+    }
+
+    #[test]
+    fn held_text_that_was_not_the_credential_goes_out_at_the_end() {
+        // Held at the finish chunk, at [DONE] without a finish, before an
+        // error event: the text is whole and in order.
+        let events = scrubbed(Operation::Chat, &stream_of(&["ask sk-live"], FINISH));
+        assert_eq!(text_of(&events), "ask sk-live");
+        let events = scrubbed(Operation::Chat, &stream_of(&["ask sk-live"], "data: [DONE]\n\n"));
+        assert_eq!(text_of(&events), "ask sk-live");
+        assert_eq!(events.last().unwrap(), "[DONE]");
+        let events = scrubbed(Operation::Chat, &stream_of(&["ask sk-live"], ""));
+        assert_eq!(text_of(&events), "ask sk-live");
+        assert_eq!(events.last().unwrap()["error"]["code"], "stream_interrupted");
+        // Ordinary text is never held.
+        let events = scrubbed(Operation::Chat, &stream_of(&["cats", " sk", "s"], FINISH));
+        let pieces: Vec<&str> = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(pieces, ["cats", " sk", "s"]);
     }
 }

@@ -405,7 +405,10 @@ fn no_candidate_at_all_is_503_no_provider_available() {
     let gw = Gateway::start();
     let r = gw.chat(json!({"model": "demo/keyless", "messages": [{"role": "user", "content": "x"}]}));
     let v = r.assert_error(503, "upstream_error", "no_provider_available", None);
-    assert!(v["error"]["message"].as_str().unwrap().contains("nokey has no API key"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("nokey has no API key"),
+        "{v}"
+    );
     assert!(r.header("x-waygate-attempts").is_none(), "no provider was tried");
     assert!(gw.fakes.received().is_empty());
 }

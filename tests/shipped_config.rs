@@ -1,19 +1,19 @@
 //! What we ship is what we test: `envoy/envoy.yaml` (the bootstrap docker-compose runs in
 //! real Envoy) runs in the host with only its addresses changed, and a client gets real
-//! answers through it. A second test pins the other direction: apart from those addresses
-//! and the Envoy-only fields the host does not implement, `envoy/envoy.yaml` is exactly
+//! answers through it, with the access log line Envoy would print. A second test pins the
+//! other direction: apart from those addresses, `envoy/envoy.yaml` is exactly
 //! `envoy/local.yaml`, so the two files cannot drift apart.
 //!
-//! The substitution ([`for_host`]) is the one documented at the top of `envoy/envoy.yaml`:
+//! The substitution ([`for_host`]) is the one documented at the top of `envoy/envoy.yaml`,
+//! addresses only:
 //! - admin and the listener bind the given addresses (ephemeral ports here);
-//! - cluster `fake` (STRICT_DNS `fakes:8081` in compose) becomes STATIC on the given address
-//!   (a STATIC cluster needs an IP, which is why the discovery type goes with the address);
-//! - the wasm `vm_config.code.local.filename` becomes the given path;
-//! - removed because waygate-host refuses them (its bootstrap subset, `host/src/config/raw.rs`,
-//!   denies unknown fields): the HCM `access_log` (the usage line from filter state) and the
-//!   clusters' `typed_extension_protocol_options` (`auto_sni`, `auto_san_validation`). Neither
-//!   changes what the filter sees; they are checked against Envoy's own API types by
-//!   `scripts/check_configs.py` instead.
+//! - cluster `fake`'s endpoint (STRICT_DNS `fakes:8081` in compose) becomes the given
+//!   address (still STRICT_DNS: an IP address resolves to itself);
+//! - the wasm `vm_config.code.local.filename` becomes the given path.
+//!
+//! Everything else runs as shipped: the HCM `access_log` (the usage line from filter state)
+//! and the clusters' `typed_extension_protocol_options` (`auto_sni`, `auto_san_validation`)
+//! are part of waygate-host's bootstrap subset (`host/README.md`).
 
 // Test code: a failing unwrap is a failing test (clippy.toml allows these only inside #[test]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
@@ -22,6 +22,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::{DEV_KEY, root, send_raw, wasm_path};
 use serde_json::{Value, json};
@@ -54,10 +55,6 @@ fn socket_address(host: &str, port: u16) -> Yaml {
     Yaml::Mapping(map)
 }
 
-fn mapping(value: &mut Yaml) -> &mut serde_yaml::Mapping {
-    value.as_mapping_mut().expect("a mapping")
-}
-
 /// The documented substitution, envoy/envoy.yaml -> a bootstrap waygate-host runs.
 fn for_host(mut doc: Yaml, to: &Addresses) -> Yaml {
     doc["admin"]["address"]["socket_address"] = socket_address(to.admin.0, to.admin.1);
@@ -75,8 +72,6 @@ fn for_host(mut doc: Yaml, to: &Addresses) -> Yaml {
             if hcm["@type"] != HCM_TYPE {
                 continue;
             }
-            // Envoy-only: waygate-host has no access loggers.
-            mapping(hcm).remove("access_log");
             for http_filter in hcm["http_filters"].as_sequence_mut().expect("http_filters") {
                 let typed = &mut http_filter["typed_config"];
                 if typed["@type"] == WASM_TYPE {
@@ -90,10 +85,7 @@ fn for_host(mut doc: Yaml, to: &Addresses) -> Yaml {
 
     let mut fakes = 0;
     for cluster in doc["static_resources"]["clusters"].as_sequence_mut().expect("clusters") {
-        // Envoy-only: waygate-host sets SNI from `sni` and checks the certificate against it.
-        mapping(cluster).remove("typed_extension_protocol_options");
         if cluster["name"] == "fake" {
-            cluster["type"] = "STATIC".into();
             let endpoints = cluster["load_assignment"]["endpoints"]
                 .as_sequence_mut()
                 .expect("endpoints");
@@ -172,7 +164,7 @@ fn shipped_config_differs_from_local_yaml_only_in_addresses() {
 
 /// envoy/envoy.yaml, substituted, running in the host in front of the fake providers.
 struct Shipped {
-    _host: waygate_host::RunningHost,
+    host: waygate_host::RunningHost,
     _fakes: FakeProviders,
     addr: SocketAddr,
 }
@@ -205,9 +197,27 @@ fn start_shipped() -> Shipped {
         .unwrap_or_else(|e| panic!("the host refused envoy/envoy.yaml after the substitution: {e}"));
     let addr = host.listener_addr("waygate").expect("listener `waygate`");
     Shipped {
-        _host: host,
+        host,
         _fakes: fakes,
         addr,
+    }
+}
+
+/// The access log entry (envoy.yaml's stdout logger) that contains `needle`: entries are
+/// written once the stream is over, after the response reached the client.
+fn access_line(gw: &Shipped, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let lines = gw.host.access_log_lines();
+        if let Some(line) = lines.iter().find(|l| l.contains(needle)) {
+            return line.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no access log line with `{needle}`; lines:\n{}",
+            lines.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -244,7 +254,23 @@ fn shipped_config_serves_chat_completions_through_the_fake_provider() {
             .is_some_and(|s| !s.is_empty()),
         "{v}"
     );
-    assert!(v["usage"]["prompt_tokens"].as_u64().is_some(), "{v}");
+    let prompt = v["usage"]["prompt_tokens"].as_u64().expect("usage.prompt_tokens");
+    let completion = v["usage"]["completion_tokens"]
+        .as_u64()
+        .expect("usage.completion_tokens");
+
+    // The access log line carries the usage the filter published as filter state
+    // (`%FILTER_STATE(wasm.waygate_*:PLAIN)%`), as Envoy prints it. `%REQ(:PATH)%` reads the
+    // request headers as the filter left them: the provider's path.
+    let line = access_line(&gw, "\"POST /v1/chat/completions HTTP/1.1\" 200");
+    assert!(
+        line.contains(&format!(
+            "cluster=fake provider=fake prompt_tokens={prompt} completion_tokens={completion}"
+        )),
+        "{line}"
+    );
+    assert!(line.starts_with('[') && line.contains("Z] \""), "START_TIME: {line}");
+    assert!(line.contains(" 200 - "), "no response flags: {line}");
 
     // A listed model of the shipped plugin configuration.
     let r = post_chat(
@@ -279,6 +305,12 @@ fn shipped_config_keeps_its_guards() {
         br#"{"model":"fake/ok","messages":[{"role":"user","content":"hi"}]}"#,
     );
     r.assert_error(401, "authentication_error", "missing_api_key", None);
+    // No answer from a provider: nothing published, so Envoy's `-` for each value.
+    let line = access_line(&gw, "\" 401 ");
+    assert!(
+        line.ends_with("cluster=- provider=- prompt_tokens=- completion_tokens=-"),
+        "{line}"
+    );
 
     // A real provider whose key variable is unset is never a candidate.
     let r = post_chat(

@@ -11,8 +11,9 @@
 //! connections), `stream` (one request through the plugin and the router), `router`
 //! (route selection), `upstream` (clusters, TLS, pool), `calls` (`dispatch_http_call`),
 //! `local_reply` (Envoy's local replies), `shared` (shared data and metrics), `admin`,
-//! [`logs`].
+//! [`access_log`] (the HCM's access loggers and their format), [`logs`].
 
+pub mod access_log;
 pub mod config;
 pub mod fakes;
 pub mod logs;
@@ -97,6 +98,7 @@ pub struct RunningHost {
     listeners: HashMap<String, SocketAddr>,
     admin: Option<SocketAddr>,
     logs: logs::LogStore,
+    access_logs: access_log::AccessLogStore,
     shared: Arc<shared::Shared>,
     shutdown: watch::Sender<bool>,
     acceptor: Option<tokio::runtime::Runtime>,
@@ -126,6 +128,13 @@ impl RunningHost {
     /// as printed to stderr: `wasm log <plugin_name> <root_id> <vm_id>: <level>: <msg>`.
     pub fn logs(&self) -> Vec<String> {
         self.logs.lines()
+    }
+
+    /// The access log entries written so far (HCM `access_log[]`, all listeners and loggers,
+    /// in the order written; the most recent [`access_log::KEPT_ENTRIES`]), each without its
+    /// final newline. Every entry is also written to its logger's stdout, stderr or file.
+    pub fn access_log_lines(&self) -> Vec<String> {
+        self.access_logs.lines()
     }
 
     /// The current value of a plugin counter or gauge (its name without `wasmcustom.`).
@@ -173,10 +182,40 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
     };
 
     // TLS settings are checked once here so a bad bundle stops startup.
-    for cluster in bootstrap.clusters.values() {
+    let mut cluster_names_sorted: Vec<&String> = bootstrap.clusters.keys().collect();
+    cluster_names_sorted.sort();
+    for name in cluster_names_sorted {
+        let Some(cluster) = bootstrap.clusters.get(name) else {
+            continue;
+        };
         if let Some(tls) = &cluster.tls {
             tls::client_config(tls).map_err(|e| HostError::Tls(format!("cluster {}: {e}", cluster.name)))?;
         }
+        let note = match cluster.http.protocol {
+            config::UpstreamProtocol::Http2 => Some("explicit_http_config.http2_protocol_options"),
+            config::UpstreamProtocol::Auto => Some("auto_config (ALPN offers only http/1.1)"),
+            config::UpstreamProtocol::Http1 | config::UpstreamProtocol::Downstream => None,
+        };
+        if let Some(note) = note {
+            logs.host(format!(
+                "cluster {}: {note} accepted; the host speaks HTTP/1.1 upstream",
+                cluster.name
+            ));
+        }
+    }
+
+    // Access log files are opened (created, appended to) before anything serves.
+    let access_logs = access_log::AccessLogStore::default();
+    let mut loggers = HashMap::new();
+    for listener in &bootstrap.listeners {
+        let mut opened = Vec::new();
+        for config in &listener.access_logs {
+            opened.push(
+                access_log::Logger::open(config, access_logs.clone())
+                    .map_err(|e| HostError::Io(format!("listener {}: {e}", listener.name)))?,
+            );
+        }
+        loggers.insert(listener.name.clone(), Arc::new(opened));
     }
 
     let mut plugins = HashMap::new();
@@ -231,6 +270,7 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
             plugins: plugins.clone(),
             clusters: bootstrap.clusters.clone(),
             logs: logs.clone(),
+            access_logs: loggers.clone(),
         };
         let handle = worker::spawn(spec, shutdown_rx.clone(), ready_tx.clone())?;
         workers.push(handle.thread);
@@ -241,6 +281,7 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
         listeners,
         admin,
         logs: logs.clone(),
+        access_logs,
         shared: Arc::clone(&shared),
         shutdown,
         acceptor: None,

@@ -5,6 +5,13 @@
 //! The failures the router turns into local replies are typed here: no address
 //! (`no_healthy_upstream`), connect or TLS failure (`connection_failure`), and a
 //! connection that dies before the response headers (`connection_termination`).
+//!
+//! With `HttpProtocolOptions.upstream_http_protocol_options.auto_sni` the SNI of a new
+//! connection is the host of the request's `:authority` as the router sends it (after
+//! `host_rewrite_literal`; not for an IP address, which keeps the cluster's `sni`), as
+//! router.cc sets `Network::UpstreamServerName`; Envoy keys its connection pools by these
+//! transport socket options, so the idle connections here are kept per (cluster, SNI).
+//! This applies to `dispatch_http_call` too (the async client runs the same router).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -34,6 +41,16 @@ pub enum UpstreamError {
     Terminated(String),
 }
 
+/// The address a response came from (`%UPSTREAM_HOST%`), in the response's extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamAddress(pub SocketAddr);
+
+/// An idle keep-alive connection and the address it goes to.
+type Idle = (SendRequest<HostBody>, SocketAddr);
+
+/// Idle connections by cluster and the SNI they were opened with.
+type IdleKey = (String, Option<String>);
+
 /// A cluster ready to connect to: config plus its TLS client config.
 pub struct Upstream {
     pub cluster: Arc<Cluster>,
@@ -60,7 +77,7 @@ impl Upstream {
 #[derive(Default)]
 pub struct Pool {
     pub upstreams: HashMap<String, Rc<Upstream>>,
-    idle: RefCell<HashMap<String, Vec<SendRequest<HostBody>>>>,
+    idle: RefCell<HashMap<IdleKey, Vec<Idle>>>,
 }
 
 impl Pool {
@@ -75,12 +92,12 @@ impl Pool {
         }))
     }
 
-    fn take_idle(&self, cluster: &str) -> Option<SendRequest<HostBody>> {
+    fn take_idle(&self, key: &IdleKey) -> Option<Idle> {
         let mut idle = self.idle.borrow_mut();
-        let list = idle.get_mut(cluster)?;
-        while let Some(sender) = list.pop() {
+        let list = idle.get_mut(key)?;
+        while let Some((sender, address)) = list.pop() {
             if !sender.is_closed() && sender.is_ready() {
-                return Some(sender);
+                return Some((sender, address));
             }
         }
         None
@@ -97,23 +114,51 @@ impl Pool {
             .get(cluster)
             .cloned()
             .ok_or_else(|| UpstreamError::NoHealthyUpstream(format!("unknown cluster {cluster}")))?;
-        let mut sender = match self.take_idle(cluster) {
-            Some(sender) => sender,
-            None => connect(&upstream).await?,
+        let sni = auto_sni(&upstream, &request);
+        let key = (cluster.to_owned(), sni);
+        let (mut sender, address) = match self.take_idle(&key) {
+            Some(idle) => idle,
+            None => connect(&upstream, key.1.as_deref()).await?,
         };
-        let response = sender
+        let mut response = sender
             .send_request(request)
             .await
             .map_err(|e| UpstreamError::Terminated(e.to_string()))?;
+        response.extensions_mut().insert(UpstreamAddress(address));
         // Back to the pool once the response body has been read (ready() resolves then).
         let pool = Rc::clone(self);
-        let name = cluster.to_owned();
         tokio::task::spawn_local(async move {
             if sender.ready().await.is_ok() {
-                pool.idle.borrow_mut().entry(name).or_default().push(sender);
+                pool.idle.borrow_mut().entry(key).or_default().push((sender, address));
             }
         });
         Ok(response)
+    }
+}
+
+/// The SNI `auto_sni` asks for: the request's host without its port, unless it is an IP
+/// address (router.cc `decodeHeaders`, `parseAuthority(...).is_ip_address_`).
+fn auto_sni(upstream: &Upstream, request: &Request<HostBody>) -> Option<String> {
+    if !upstream.cluster.http.auto_sni || upstream.tls.is_none() {
+        return None;
+    }
+    let authority = request.headers().get(hyper::header::HOST)?.to_str().ok()?;
+    let host = authority_host(authority);
+    if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok() {
+        return None;
+    }
+    Some(host.to_owned())
+}
+
+/// The host part of an authority (`Http::Utility::parseAuthority`): `[v6]:port`, `host:port`
+/// or `host`; a bare IPv6 address is kept whole.
+fn authority_host(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => authority,
     }
 }
 
@@ -151,7 +196,7 @@ async fn resolve(upstream: &Upstream) -> Result<Vec<SocketAddr>, UpstreamError> 
     Ok(addresses)
 }
 
-async fn connect(upstream: &Upstream) -> Result<SendRequest<HostBody>, UpstreamError> {
+async fn connect(upstream: &Upstream, sni: Option<&str>) -> Result<Idle, UpstreamError> {
     let addresses = resolve(upstream).await?;
     let index = upstream.next.get() % addresses.len();
     upstream.next.set(index.wrapping_add(1));
@@ -165,13 +210,14 @@ async fn connect(upstream: &Upstream) -> Result<SendRequest<HostBody>, UpstreamE
         .map_err(|_| UpstreamError::ConnectFailure(format!("connect to {address} timed out")))?
         .map_err(|e| UpstreamError::ConnectFailure(format!("connect to {address}: {e}")))?;
     let _ = tcp.set_nodelay(true);
-    match &upstream.tls {
+    let sender = match &upstream.tls {
         None => handshake(TokioIo::new(tcp)).await,
         Some(config) => {
-            let name = cluster
-                .tls
-                .as_ref()
-                .and_then(|t| t.sni.clone())
+            // auto_sni's name, else the cluster's `sni`, else the endpoint's host (rustls
+            // needs a name to verify against; an IP address sends no SNI).
+            let name = sni
+                .map(str::to_owned)
+                .or_else(|| cluster.tls.as_ref().and_then(|t| t.sni.clone()))
                 .or_else(|| cluster.endpoints.first().map(|e| e.host.clone()))
                 .unwrap_or_default();
             let server_name = tls::server_name(&name).map_err(UpstreamError::ConnectFailure)?;
@@ -182,7 +228,8 @@ async fn connect(upstream: &Upstream) -> Result<SendRequest<HostBody>, UpstreamE
                 .map_err(|e| UpstreamError::ConnectFailure(format!("TLS error: {e}")))?;
             handshake(TokioIo::new(stream)).await
         }
-    }
+    }?;
+    Ok((sender, address))
 }
 
 async fn handshake<T>(io: TokioIo<T>) -> Result<SendRequest<HostBody>, UpstreamError>

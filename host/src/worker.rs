@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, watch};
 
 use crate::HostError;
+use crate::access_log::Logger;
 use crate::config::{Cluster, Listener};
 use crate::logs::LogStore;
 use crate::stream::{self, ConnInfo, ListenerCtx};
@@ -36,6 +37,8 @@ pub struct WorkerSpec {
     pub plugins: HashMap<String, Arc<PluginRuntime>>,
     pub clusters: HashMap<String, Arc<Cluster>>,
     pub logs: LogStore,
+    /// Each listener's opened access loggers, by listener name.
+    pub access_logs: HashMap<String, Arc<Vec<Logger>>>,
 }
 
 pub struct WorkerHandle {
@@ -114,6 +117,7 @@ fn contexts(spec: &WorkerSpec) -> Result<Vec<Rc<ListenerCtx>>, HostError> {
             vm,
             pool: Rc::clone(&pool),
             logs: spec.logs.clone(),
+            access_logs: spec.access_logs.get(&listener.name).cloned().unwrap_or_default(),
         }));
     }
     Ok(contexts)

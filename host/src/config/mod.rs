@@ -19,11 +19,18 @@ use serde_yaml::Value;
 
 pub use duration::parse as parse_duration;
 
+use crate::access_log::{AccessLogConfig, Format, SinkConfig};
+
 const HCM_TYPE: &str =
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const ROUTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
 const TLS_TYPE: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+const STDOUT_LOG_TYPE: &str = "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog";
+const STDERR_LOG_TYPE: &str = "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StderrAccessLog";
+const FILE_LOG_TYPE: &str = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog";
+const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+const HTTP_PROTOCOL_OPTIONS_TYPE: &str = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 const STRING_VALUE_TYPE: &str = "type.googleapis.com/google.protobuf.StringValue";
 const STRUCT_TYPE: &str = "type.googleapis.com/google.protobuf.Struct";
 
@@ -60,6 +67,8 @@ pub struct Listener {
     pub stream_idle_timeout: Option<Duration>,
     pub route_config: Arc<RouteConfig>,
     pub wasm: Option<Arc<WasmPlugin>>,
+    /// The HCM's `access_log[]`, in order.
+    pub access_logs: Vec<AccessLogConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -140,6 +149,35 @@ pub struct Cluster {
     pub connect_timeout: Duration,
     pub endpoints: Vec<HostPort>,
     pub tls: Option<TlsSettings>,
+    /// `typed_extension_protocol_options` `HttpProtocolOptions` (defaults when absent).
+    pub http: UpstreamHttpOptions,
+}
+
+/// What a cluster's `HttpProtocolOptions` asks of its upstream connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UpstreamHttpOptions {
+    /// SNI from the upstream request's `:authority` (not for an IP address), as the router
+    /// sets `UpstreamServerName` (router.cc `decodeHeaders`).
+    pub auto_sni: bool,
+    /// The certificate is checked against that name (rustls checks the name it sends as SNI,
+    /// so this goes with `auto_sni`).
+    pub auto_san_validation: bool,
+    pub protocol: UpstreamProtocol,
+}
+
+/// The HTTP version a cluster's options select; the host speaks HTTP/1.1 upstream in every
+/// case (see host/README.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// No options, or `explicit_http_config.http_protocol_options`.
+    #[default]
+    Http1,
+    /// `explicit_http_config.http2_protocol_options`: Envoy would speak HTTP/2.
+    Http2,
+    /// `auto_config`: ALPN; the host offers only `http/1.1`.
+    Auto,
+    /// `use_downstream_protocol_config`: downstream is always HTTP/1.1 here.
+    Downstream,
 }
 
 #[derive(Debug, Clone)]
@@ -299,6 +337,7 @@ impl Builder<'_> {
                 .duration(&format!("{fpath}.stream_idle_timeout"), Some(text))
                 .filter(|d| !d.is_zero()),
         };
+        let access_logs = self.access_logs(&format!("{fpath}.access_log"), hcm.access_log);
         let route_config = self.route_config(&format!("{fpath}.route_config"), hcm.route_config, clusters);
         let wasm = self.http_filters(&format!("{fpath}.http_filters"), hcm.http_filters);
         Some(Listener {
@@ -309,7 +348,121 @@ impl Builder<'_> {
             stream_idle_timeout,
             route_config: Arc::new(route_config),
             wasm,
+            access_logs,
         })
+    }
+
+    /// The HCM's `access_log[]`: stdout, stderr and file loggers with a text format.
+    fn access_logs(&mut self, path: &str, logs: Vec<Value>) -> Vec<AccessLogConfig> {
+        let mut out = Vec::new();
+        for (i, log) in logs.into_iter().enumerate() {
+            let Some(log) = self.typed::<raw::TypedExtension>(&format!("{path}[{i}]"), log) else {
+                continue;
+            };
+            let tpath = format!("{path}[{i}].typed_config");
+            let type_url = log
+                .typed_config
+                .get("@type")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            let (sink, log_format) = match type_url.as_str() {
+                STDOUT_LOG_TYPE | STDERR_LOG_TYPE => {
+                    let Some(parsed) = self.typed::<raw::StreamAccessLog>(&tpath, log.typed_config) else {
+                        continue;
+                    };
+                    let sink = if type_url == STDOUT_LOG_TYPE {
+                        SinkConfig::Stdout
+                    } else {
+                        SinkConfig::Stderr
+                    };
+                    (sink, parsed.log_format)
+                }
+                FILE_LOG_TYPE => {
+                    let Some(parsed) = self.typed::<raw::FileAccessLog>(&tpath, log.typed_config) else {
+                        continue;
+                    };
+                    if parsed.path.is_empty() {
+                        self.err(&format!("{tpath}.path"), "must not be empty");
+                        continue;
+                    }
+                    (SinkConfig::File(self.resolve(&parsed.path)), parsed.log_format)
+                }
+                other => {
+                    self.err(
+                        &format!("{tpath}.@type"),
+                        format!(
+                            "unsupported access logger type `{other}` (supported: {STDOUT_LOG_TYPE}, {STDERR_LOG_TYPE}, {FILE_LOG_TYPE})"
+                        ),
+                    );
+                    continue;
+                }
+            };
+            if let Some(format) = self.log_format(&format!("{tpath}.log_format"), log_format) {
+                out.push(AccessLogConfig {
+                    sink,
+                    format: Arc::new(format),
+                });
+            }
+        }
+        out
+    }
+
+    /// A `SubstitutionFormatString` with a text format (Envoy's default format without one).
+    fn log_format(&mut self, path: &str, raw: Option<raw::SubstitutionFormatString>) -> Option<Format> {
+        let (text, omit_empty_values, text_path) = match raw {
+            None => (crate::access_log::DEFAULT_FORMAT.to_owned(), false, path.to_owned()),
+            Some(raw) => {
+                let omit = raw.omit_empty_values.unwrap_or(false);
+                match (raw.text_format, raw.text_format_source) {
+                    (Some(text), None) => (text, omit, format!("{path}.text_format")),
+                    (
+                        None,
+                        Some(raw::DataSource {
+                            inline_string: Some(text),
+                            filename: None,
+                        }),
+                    ) => (text, omit, format!("{path}.text_format_source.inline_string")),
+                    (
+                        None,
+                        Some(raw::DataSource {
+                            inline_string: None,
+                            filename: Some(file),
+                        }),
+                    ) => {
+                        let fpath = format!("{path}.text_format_source.filename");
+                        match std::fs::read_to_string(self.resolve(&file)) {
+                            Ok(text) => (text, omit, fpath),
+                            Err(e) => {
+                                self.err(&fpath, format!("{file}: {e}"));
+                                return None;
+                            }
+                        }
+                    }
+                    (None, Some(_)) => {
+                        self.err(
+                            &format!("{path}.text_format_source"),
+                            "exactly one of `inline_string` or `filename`",
+                        );
+                        return None;
+                    }
+                    _ => {
+                        self.err(
+                            path,
+                            "exactly one of `text_format_source` or `text_format` (the host supports text formats only)",
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        match Format::parse(&text, omit_empty_values) {
+            Ok(format) => Some(format),
+            Err(problem) => {
+                self.err(&text_path, problem);
+                None
+            }
+        }
     }
 
     fn http_filters(&mut self, path: &str, filters: Vec<raw::TypedExtension>) -> Option<Arc<WasmPlugin>> {
@@ -652,13 +805,90 @@ impl Builder<'_> {
                 })
             }
         };
+        let http = match raw.typed_extension_protocol_options {
+            None => UpstreamHttpOptions::default(),
+            Some(options) => self.protocol_options(&format!("{path}.typed_extension_protocol_options"), options),
+        };
+        if http.auto_san_validation && !http.auto_sni && tls.is_some() {
+            self.err(
+                &format!("{path}.typed_extension_protocol_options"),
+                "auto_san_validation without auto_sni is not supported: rustls verifies the certificate against the name it sends as SNI",
+            );
+        }
         Some(Cluster {
             name: raw.name,
             discovery,
             connect_timeout,
             endpoints,
             tls,
+            http,
         })
+    }
+
+    /// `typed_extension_protocol_options`: only `HttpProtocolOptions`, whose protocol oneof
+    /// is required (`extensions/upstreams/http/v3/http_protocol_options.proto`).
+    fn protocol_options(
+        &mut self,
+        path: &str,
+        options: std::collections::BTreeMap<String, Value>,
+    ) -> UpstreamHttpOptions {
+        let mut http = UpstreamHttpOptions::default();
+        for (name, value) in options {
+            let opath = format!("{path}.{name}");
+            if name != HTTP_PROTOCOL_OPTIONS {
+                self.err(
+                    &opath,
+                    format!("unsupported protocol options `{name}` (only {HTTP_PROTOCOL_OPTIONS})"),
+                );
+                continue;
+            }
+            let Some(parsed) = self.typed::<raw::HttpProtocolOptions>(&opath, value) else {
+                continue;
+            };
+            if parsed.type_url != HTTP_PROTOCOL_OPTIONS_TYPE {
+                self.err(
+                    &format!("{opath}.@type"),
+                    format!(
+                        "`{}` does not match the key (expected {HTTP_PROTOCOL_OPTIONS_TYPE})",
+                        parsed.type_url
+                    ),
+                );
+            }
+            if let Some(upstream) = parsed.upstream_http_protocol_options {
+                http.auto_sni = upstream.auto_sni.unwrap_or(false);
+                http.auto_san_validation = upstream.auto_san_validation.unwrap_or(false);
+            }
+            let choices = [
+                parsed.explicit_http_config.is_some(),
+                parsed.use_downstream_protocol_config.is_some(),
+                parsed.auto_config.is_some(),
+            ];
+            if choices.iter().filter(|c| **c).count() != 1 {
+                self.err(
+                    &opath,
+                    "exactly one of `explicit_http_config`, `use_downstream_protocol_config` or `auto_config` is required",
+                );
+                continue;
+            }
+            http.protocol = if let Some(explicit) = parsed.explicit_http_config {
+                match (explicit.http_protocol_options, explicit.http2_protocol_options) {
+                    (Some(_), None) => UpstreamProtocol::Http1,
+                    (None, Some(_)) => UpstreamProtocol::Http2,
+                    _ => {
+                        self.err(
+                            &format!("{opath}.explicit_http_config"),
+                            "exactly one of `http_protocol_options` or `http2_protocol_options` is required",
+                        );
+                        UpstreamProtocol::Http1
+                    }
+                }
+            } else if parsed.auto_config.is_some() {
+                UpstreamProtocol::Auto
+            } else {
+                UpstreamProtocol::Downstream
+            };
+        }
+        http
     }
 }
 

@@ -80,8 +80,41 @@ pub struct HttpConnectionManager {
     pub stat_prefix: String,
     pub codec_type: Option<String>,
     pub stream_idle_timeout: Option<String>,
+    /// `config.accesslog.v3.AccessLog` entries, each parsed as a [`TypedExtension`] with its
+    /// own path (`filter` is not supported: unknown field).
+    #[serde(default)]
+    pub access_log: Vec<Value>,
     pub route_config: RouteConfiguration,
     pub http_filters: Vec<TypedExtension>,
+}
+
+/// `extensions.access_loggers.stream.v3.StdoutAccessLog` / `StderrAccessLog`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamAccessLog {
+    #[serde(rename = "@type")]
+    pub type_url: String,
+    pub log_format: Option<SubstitutionFormatString>,
+}
+
+/// `extensions.access_loggers.file.v3.FileAccessLog` (the deprecated `format`,
+/// `json_format`, `typed_json_format` are not supported).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAccessLog {
+    #[serde(rename = "@type")]
+    pub type_url: String,
+    pub path: String,
+    pub log_format: Option<SubstitutionFormatString>,
+}
+
+/// `config.core.v3.SubstitutionFormatString`, text formats only.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubstitutionFormatString {
+    pub text_format: Option<String>,
+    pub text_format_source: Option<DataSource>,
+    pub omit_empty_values: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -221,7 +254,52 @@ pub struct Cluster {
     pub dns_lookup_family: Option<String>,
     pub load_assignment: ClusterLoadAssignment,
     pub transport_socket: Option<TypedExtension>,
+    /// Extension name -> `Any`; only `envoy.extensions.upstreams.http.v3.HttpProtocolOptions`.
+    pub typed_extension_protocol_options: Option<std::collections::BTreeMap<String, Value>>,
 }
+
+/// `extensions.upstreams.http.v3.HttpProtocolOptions` (`common_http_protocol_options` and
+/// the rest are not supported).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpProtocolOptions {
+    #[serde(rename = "@type")]
+    pub type_url: String,
+    pub upstream_http_protocol_options: Option<UpstreamHttpProtocolOptions>,
+    pub explicit_http_config: Option<ExplicitHttpConfig>,
+    pub use_downstream_protocol_config: Option<ProtocolChoice>,
+    pub auto_config: Option<ProtocolChoice>,
+}
+
+/// `config.core.v3.UpstreamHttpProtocolOptions` (`override_auto_sni_header` is not supported).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamHttpProtocolOptions {
+    pub auto_sni: Option<bool>,
+    pub auto_san_validation: Option<bool>,
+}
+
+/// `HttpProtocolOptions.ExplicitHttpConfig` (`http3_protocol_options` is not supported).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExplicitHttpConfig {
+    pub http_protocol_options: Option<NoOptions>,
+    pub http2_protocol_options: Option<NoOptions>,
+}
+
+/// `UseDownstreamHttpConfig` / `AutoHttpConfig` without HTTP/3.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProtocolChoice {
+    pub http_protocol_options: Option<NoOptions>,
+    pub http2_protocol_options: Option<NoOptions>,
+}
+
+/// `Http1ProtocolOptions` / `Http2ProtocolOptions` with none of their fields: `{}` only,
+/// anything inside is an error naming it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoOptions {}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -33,11 +33,12 @@ use proxy_wasm_host::abi::v0_2_1::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+use crate::access_log::{self, Logger, flags};
 use crate::body::{ChunkSender, HostBody, Reset};
 use crate::config::{FailurePolicy, Listener, RouteAction};
 use crate::local_reply::{self, LocalReply, reasons};
 use crate::logs::LogStore;
-use crate::upstream::{Pool, UpstreamError};
+use crate::upstream::{Pool, UpstreamAddress, UpstreamError};
 use crate::vm::WorkerVm;
 use crate::{calls, router};
 use headers::Headers;
@@ -57,6 +58,8 @@ pub struct ListenerCtx {
     pub vm: Option<Rc<RefCell<WorkerVm>>>,
     pub pool: Rc<Pool>,
     pub logs: LogStore,
+    /// The HCM's access loggers, written when a stream is over.
+    pub access_logs: Arc<Vec<Logger>>,
 }
 
 /// The downstream connection a stream arrived on.
@@ -156,6 +159,16 @@ struct Stream {
     held_resp_eos: bool,
     resp_buffering: bool,
     resp_buffer_eos: bool,
+
+    // Access log.
+    started: Instant,
+    start_time: SystemTime,
+    bytes_received: u64,
+    response_flags: Vec<&'static str>,
+    /// The request headers as the router left them (Envoy's router edits the downstream
+    /// map in place: `request_headers_to_remove`, `host_rewrite_literal`, ...).
+    routed_request: Option<Headers>,
+    upstream_host: Option<SocketAddr>,
 }
 
 thread_local! {
@@ -167,10 +180,11 @@ impl Stream {
         let (_unused_tx, events) = mpsc::unbounded_channel();
         let listener = Arc::clone(&ctx.listener);
         let mut hs = HttpState::default();
+        let start_time = SystemTime::now();
         hs.props.source = Some(conn.peer);
         hs.props.destination = Some(conn.local);
         hs.props.connection_id = conn.id;
-        hs.props.start_time_nanos = SystemTime::now()
+        hs.props.start_time_nanos = start_time
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
         let allow_stop_iteration = listener
@@ -222,6 +236,12 @@ impl Stream {
             held_resp_eos: false,
             resp_buffering: false,
             resp_buffer_eos: false,
+            started: Instant::now(),
+            start_time,
+            bytes_received: 0,
+            response_flags: Vec::new(),
+            routed_request: None,
+            upstream_host: None,
         }
     }
 
@@ -261,6 +281,7 @@ impl Stream {
                 self.route_deadline = None;
                 // Router `onResponseTimeout`: 504 while awaiting headers, else a reset.
                 if self.upstream_headers_received {
+                    self.flag(flags::UPSTREAM_REQUEST_TIMEOUT);
                     self.reset();
                 } else {
                     self.router_reply(reasons::RESPONSE_TIMEOUT);
@@ -270,12 +291,20 @@ impl Stream {
                 self.idle_deadline = None;
                 // HCM `onIdleTimeout`: 408 if no response headers went out, else reset.
                 if self.resp_headers_sent {
+                    self.flag(flags::STREAM_IDLE_TIMEOUT);
                     self.reset();
                 } else {
                     self.router_reply(reasons::STREAM_IDLE_TIMEOUT);
                 }
             }
             Wake::ClientGone => self.client_gone(),
+        }
+    }
+
+    /// `StreamInfo::setResponseFlag`: each flag once, in the order set.
+    fn flag(&mut self, flag: &'static str) {
+        if !self.response_flags.contains(&flag) {
+            self.response_flags.push(flag);
         }
     }
 
@@ -534,6 +563,7 @@ impl Stream {
                 let Ok(data) = frame.into_data() else {
                     return; // trailers: not delivered (see README)
                 };
+                self.bytes_received += data.len() as u64;
                 let eos = self.req_body.as_ref().is_none_or(|b| b.is_end_stream());
                 if eos {
                     self.req_body = None;
@@ -713,6 +743,9 @@ impl Stream {
             self.idle_timeout = Some(idle);
             self.touch();
         }
+        if !self.ctx.access_logs.is_empty() {
+            self.routed_request = Some(headers.clone());
+        }
         self.up_declared = declared_length(&headers);
         let headers_only = !self.req_had_body;
         let body = if headers_only {
@@ -844,6 +877,7 @@ impl Stream {
         self.touch();
         self.upstream_headers_received = true;
         let (parts, body) = response.into_parts();
+        self.upstream_host = parts.extensions.get::<UpstreamAddress>().map(|a| a.0);
         let mut headers = Headers::new(vec![(
             b":status".to_vec(),
             parts.status.as_u16().to_string().into_bytes(),
@@ -932,6 +966,7 @@ impl Stream {
                 // the downstream stream.
                 self.logs().host(format!("upstream reset mid-response: {why}"));
                 self.resp_source = None;
+                self.flag(flags::UPSTREAM_CONNECTION_TERMINATION);
                 self.reset();
             }
         }
@@ -1036,6 +1071,9 @@ impl Stream {
     // ---------------------------------------------------------------- local replies
 
     fn router_reply(&mut self, reason: (u16, &str, &str)) {
+        if let Some(flag) = flags::for_details(reason.2) {
+            self.flag(flag);
+        }
         let reply = local_reply::from_reason(reason, self.is_head);
         self.local_reply(reply);
     }
@@ -1195,6 +1233,7 @@ impl Stream {
     }
 
     fn client_gone(&mut self) {
+        self.flag(flags::DOWNSTREAM_CONNECTION_TERMINATION);
         self.abort_upstream();
         self.decode_aborted = true;
         self.head_tx = None;
@@ -1223,6 +1262,11 @@ impl Stream {
     /// order (`on_done` first), see host/README.md.
     fn finish(&mut self) {
         self.abort_upstream();
+        self.plugin_done();
+        self.access_log();
+    }
+
+    fn plugin_done(&mut self) {
         let Some(context) = self.context else {
             return;
         };
@@ -1244,6 +1288,34 @@ impl Stream {
             && let Ok(mut vm) = vm.try_borrow_mut()
         {
             vm.streams.remove(&context.get());
+        }
+    }
+
+    /// The HCM's access logs, once the stream is over and the plugin's `on_log` has run.
+    fn access_log(&self) {
+        if self.ctx.access_logs.is_empty() {
+            return;
+        }
+        let entry = access_log::Entry {
+            start_time: self.start_time,
+            duration: self.started.elapsed(),
+            request_headers: self.routed_request.as_ref().unwrap_or(&self.hs.req_headers),
+            response_headers: &self.hs.resp_headers,
+            response_code: self.hs.props.response_code,
+            response_code_details: self.hs.props.code_details.as_deref(),
+            response_flags: &self.response_flags,
+            route_name: self.hs.props.route_name.as_deref(),
+            upstream_cluster: self.hs.props.cluster_name.as_deref(),
+            upstream_host: self.upstream_host,
+            bytes_received: self.bytes_received,
+            bytes_sent: self.down_sent,
+            connection_id: self.hs.props.connection_id,
+            downstream_remote: self.hs.props.source,
+            downstream_local: self.hs.props.destination,
+            filter_state: &self.hs.filter_state,
+        };
+        for logger in self.ctx.access_logs.iter() {
+            logger.log(&entry, &self.ctx.logs);
         }
     }
 }

@@ -219,6 +219,11 @@ impl HttpContext for Probe {
                 Action::Pause
             }
             "trap" => panic!("probe trap"),
+            "state" => {
+                // Filter state `wasm.probe_early` (Envoy's set_property), for the access log.
+                self.set_property(vec!["probe_early"], Some(b"early"));
+                Action::Continue
+            }
             "reroute" => {
                 let cluster = self.get_http_request_header("x-to").unwrap_or_default();
                 self.set_http_request_header("x-route", Some(&cluster));
@@ -427,6 +432,10 @@ impl HttpContext for Probe {
     }
 
     fn on_log(&mut self) {
+        if self.scenario == "state" {
+            // Set in on_log: the access log is written after it.
+            self.set_property(vec!["probe_late"], Some(b"late"));
+        }
         log::info!(
             "on_log ctx={} code={} details={} path={}",
             self.id,

@@ -1,0 +1,8 @@
+//! The anthropic answer translator on arbitrary 2xx bodies.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use waygate::config::Api;
+
+fuzz_target!(|data: &[u8]| waygate_fuzz::check_answer(Api::Anthropic, data));

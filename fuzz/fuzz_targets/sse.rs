@@ -1,0 +1,39 @@
+//! The SSE decoder under arbitrary chunking (split points from the input):
+//! the same events and the same outcome whole, fuzz-chunked and byte by
+//! byte, with a small cap and the default one, and a bounded buffer.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use waygate::sse::{DEFAULT_LIMIT, SseDecoder, SseError, SseEvent};
+use waygate_fuzz::{chunked, plan_and_payload};
+
+fn decode(limit: usize, chunks: &[&[u8]]) -> (Vec<SseEvent>, Result<(), SseError>) {
+    let mut decoder = SseDecoder::with_limit(limit);
+    let mut events = Vec::new();
+    for chunk in chunks {
+        if let Err(e) = decoder.push(chunk, &mut events) {
+            return (events, Err(e));
+        }
+        assert!(decoder.pending() <= 2 * limit, "the buffer is bounded");
+    }
+    let end = decoder.finish(&mut events);
+    assert!(end.is_err() || decoder.pending() == 0, "finish flushes everything");
+    (events, end)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let (sizes, payload) = plan_and_payload(data);
+    for limit in [64, DEFAULT_LIMIT] {
+        let whole = decode(limit, &[payload]);
+        assert_eq!(whole, decode(limit, &chunked(&sizes, payload)), "chunking {sizes:?}");
+        if payload.len() <= 2048 {
+            let bytes: Vec<&[u8]> = payload.chunks(1).collect();
+            assert_eq!(whole, decode(limit, &bytes), "byte by byte");
+        }
+        for event in &whole.0 {
+            assert!(!event.data.contains('\r'), "lines end at CR too");
+            assert!(event.event.as_ref().is_none_or(|e| !e.contains(['\r', '\n'])));
+        }
+    }
+});

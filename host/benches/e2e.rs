@@ -1,0 +1,675 @@
+//! End-to-end load (`make bench`): the fake upstream direct vs. through the gateway (the
+//! host running `waygate.wasm`), as ratios against the direct baseline measured in the
+//! same run.
+//!
+//! Processes: the gateway (`waygate-host -c <envoy/local.yaml with ports swapped>
+//! --concurrency 1`) pinned to CPU 0 with `taskset`; this load generator and the fake
+//! providers (`waygate-host fake-providers`) on CPU 1. A second host, the same bootstrap
+//! without the wasm filter and with the `fake` route matched without the cluster header,
+//! gives the host's own cost, so `gateway - host without filter` is the filter's cost.
+//!
+//! The load generator is raw HTTP/1.1 over keep-alive connections on one tokio thread:
+//! a fixed number of requests shared by `c` connections, each request timed from its
+//! first byte written to its last byte read; p50/p99 from all of them, req/s from the
+//! wall time. Streams also time the first body byte (the first SSE frame).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PINNED_ENV: &str = "WAYGATE_BENCH_PINNED";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("e2e bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+type Error = Box<dyn std::error::Error>;
+
+/// Whether `taskset` can pin to CPUs 0 and 1.
+fn can_pin() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
+        && Command::new("taskset")
+            .args(["-c", "1", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+fn run() -> Result<(), Error> {
+    // In the re-run child only CPU 1 is visible, so the env var carries the decision.
+    let pin = std::env::var_os(PINNED_ENV).is_some() || can_pin();
+    if pin && std::env::var_os(PINNED_ENV).is_none() {
+        // Re-run this binary on CPU 1 (children inherit it; the gateway is moved to CPU 0).
+        let status = Command::new("taskset")
+            .arg("-c")
+            .arg("1")
+            .arg(std::env::current_exe()?)
+            .args(std::env::args_os().skip(1))
+            .env(PINNED_ENV, "1")
+            .status()?;
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    let root = repo();
+    let host_bin = root.join("target/release/waygate-host");
+    let wasm = root.join("target/wasm32-wasip1/wasm/waygate.wasm");
+    for f in [&host_bin, &wasm] {
+        if !f.exists() {
+            return Err(format!("{} is missing: run `make build`", f.display()).into());
+        }
+    }
+    let work = root.join("target/bench");
+    std::fs::create_dir_all(&work)?;
+
+    let fakes = Proc::spawn(
+        Command::new(&host_bin).args(["fake-providers", "--listen", "127.0.0.1:0"]),
+        Stream::Stdout,
+        "fake providers listening on http://",
+    )?;
+    let plugin: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/plugin.json"))?)?;
+    let gateway_yaml = work.join("gateway.yaml");
+    std::fs::write(&gateway_yaml, bootstrap(&root, fakes.addr, Some((&plugin, &wasm)))?)?;
+    let plain_yaml = work.join("no-filter.yaml");
+    std::fs::write(&plain_yaml, bootstrap(&root, fakes.addr, None)?)?;
+    let host = |yaml: &Path| -> Result<Proc, Error> {
+        let mut cmd = if pin {
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0"]).arg(&host_bin);
+            c
+        } else {
+            Command::new(&host_bin)
+        };
+        cmd.arg("-c").arg(yaml).args(["--concurrency", "1"]).current_dir(&root);
+        Proc::spawn(&mut cmd, Stream::Stderr, "waygate-host: listener waygate on http://")
+    };
+    let gateway = host(&gateway_yaml)?;
+    let plain = host(&plain_yaml)?;
+
+    let body: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/chat_1k.json"))?)?;
+    let targets = Targets::new(&body, fakes.addr);
+    // Peers, only on request: installed from npm by package name into target/bench/peers.
+    let peers = std::env::var("WAYGATE_BENCH_PEERS").unwrap_or_default();
+    let portkey = if peers.split(',').any(|p| p.trim() == "portkey") {
+        Some(start_portkey(&work, pin)?)
+    } else {
+        None
+    };
+
+    println!(
+        "== e2e: gateway = waygate-host --concurrency 1 + waygate.wasm{}; load generator and fake upstream {}",
+        if pin {
+            " pinned to CPU 0"
+        } else {
+            " (not pinned: taskset or a second CPU missing)"
+        },
+        if pin { "on CPU 1" } else { "unpinned" },
+    );
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+
+    // Concurrency 1: rounds interleaved so a noisy neighbour hits every target alike.
+    let mut c1: Vec<(&str, &[u8], SocketAddr)> = vec![
+        ("direct upstream (openai)", &targets.direct, fakes.addr),
+        ("host, no filter (openai)", &targets.plain, plain.addr),
+        ("gateway (openai)", &targets.gateway, gateway.addr),
+        ("host, no filter (anthropic)", &targets.plain_anthropic, plain.addr),
+        ("gateway (anthropic)", &targets.gateway_anthropic, gateway.addr),
+    ];
+    if let Some(p) = &portkey {
+        c1.push(("Portkey 1.15.2 (openai)", &targets.portkey, p.addr));
+    }
+    let (rounds, per_round) = (3, 1500);
+    let mut c1_stats: Vec<Stats> = c1.iter().map(|_| Stats::default()).collect();
+    for (_, req, addr) in &c1 {
+        rt.block_on(load(*addr, req, 1, 300))?;
+    }
+    for _ in 0..rounds {
+        for (i, (_, req, addr)) in c1.iter().enumerate() {
+            c1_stats[i].merge(rt.block_on(load(*addr, req, 1, per_round))?);
+        }
+    }
+    println!(
+        "non-streaming ~1 KB chat ({} request bytes), concurrency 1, {rounds}x{per_round} requests each, rounds interleaved:",
+        body_len(&targets.direct)
+    );
+    print_table(&c1.iter().map(|t| t.0).collect::<Vec<_>>(), &c1_stats, 0);
+    let cost = |g: usize, p: usize| us(c1_stats[g].p(0.5) - c1_stats[p].p(0.5));
+    println!(
+        "  filter's cost in the host (gateway - host without filter, p50): openai {} µs, anthropic {} µs",
+        cost(2, 1),
+        cost(4, 3)
+    );
+
+    // Concurrency 64.
+    let mut c64: Vec<(&str, &[u8], SocketAddr)> = vec![
+        ("direct upstream (openai)", &targets.direct, fakes.addr),
+        ("host, no filter (openai)", &targets.plain, plain.addr),
+        ("gateway (openai)", &targets.gateway, gateway.addr),
+    ];
+    if let Some(p) = &portkey {
+        c64.push(("Portkey 1.15.2 (openai)", &targets.portkey, p.addr));
+    }
+    let n64 = 30_000;
+    let mut c64_stats = Vec::new();
+    for (_, req, addr) in &c64 {
+        rt.block_on(load(*addr, req, 64, 2000))?;
+        c64_stats.push(rt.block_on(load(*addr, req, 64, n64))?);
+    }
+    println!("non-streaming ~1 KB chat, concurrency 64, {n64} requests each:");
+    print_table(&c64.iter().map(|t| t.0).collect::<Vec<_>>(), &c64_stats, 0);
+
+    // Streaming: 20 data frames (+ [DONE]), concurrency 16. The fake waits ~1 ms between frames.
+    let streams: [(&str, &[u8], SocketAddr); 3] = [
+        ("direct upstream (openai)", &targets.direct_stream, fakes.addr),
+        ("host, no filter (openai)", &targets.direct_stream, plain.addr),
+        ("gateway (openai)", &targets.gateway_stream, gateway.addr),
+    ];
+    let ns = 16 * 25;
+    let mut stream_stats = Vec::new();
+    for (_, req, addr) in &streams {
+        rt.block_on(load(*addr, req, 16, 32))?;
+        stream_stats.push(rt.block_on(load(*addr, req, 16, ns))?);
+    }
+    let frames = rt.block_on(count_frames(gateway.addr, &targets.gateway_stream))?;
+    println!("streaming chat, {frames} SSE frames through the gateway, concurrency 16, {ns} streams each:");
+    println!(
+        "  {:<28} {:>10} {:>10} {:>10} {:>10} {:>20}",
+        "", "TTFB p50", "TTFB p99", "total p50", "total p99", "p50 added TTFB/total"
+    );
+    for (i, (name, _, _)) in streams.iter().enumerate() {
+        let s = &stream_stats[i];
+        println!(
+            "  {name:<28} {:>7} ms {:>7} ms {:>7} ms {:>7} ms {:>20}",
+            ms(s.first(0.5)),
+            ms(s.first(0.99)),
+            ms(s.p(0.5)),
+            ms(s.p(0.99)),
+            if i == 0 {
+                "-".to_string()
+            } else {
+                let b = &stream_stats[0];
+                format!(
+                    "{} / {} ms",
+                    signed_ms(s.first(0.5) - b.first(0.5)),
+                    signed_ms(s.p(0.5) - b.p(0.5))
+                )
+            }
+        );
+    }
+    if portkey.is_some() {
+        // Portkey 1.15.2 answers every stream with a 500 on Node 20 (undici: immutable headers).
+        println!("  (Portkey streams not measured: its streaming path fails on this Node version)");
+    }
+    let status = |p: &Proc| p.alive();
+    if !(status(&gateway) && status(&plain) && status(&fakes) && portkey.as_ref().is_none_or(status)) {
+        return Err("a server process died during the run".into());
+    }
+    Ok(())
+}
+
+fn body_len(request: &[u8]) -> usize {
+    request
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(0, |p| request.len() - p - 4)
+}
+
+fn print_table(names: &[&str], stats: &[Stats], base: usize) {
+    println!(
+        "  {:<28} {:>9} {:>9} {:>9} {:>11} {:>10}",
+        "", "p50", "p99", "req/s", "p50 added", "req/s ratio"
+    );
+    let b = &stats[base];
+    for (name, s) in names.iter().zip(stats) {
+        let added = if std::ptr::eq(s, b) {
+            "-".to_string()
+        } else {
+            format!("{} ms", signed_ms(s.p(0.5) - b.p(0.5)))
+        };
+        println!(
+            "  {name:<28} {:>6} ms {:>6} ms {:>9.0} {:>11} {:>10.2}",
+            ms(s.p(0.5)),
+            ms(s.p(0.99)),
+            s.rps(),
+            added,
+            s.rps() / b.rps()
+        );
+    }
+}
+
+fn ms(ns: f64) -> String {
+    format!("{:.3}", ns / 1e6)
+}
+
+fn signed_ms(ns: f64) -> String {
+    format!("{:+.3}", ns / 1e6)
+}
+
+fn us(ns: f64) -> String {
+    format!("{:.0}", ns / 1e3)
+}
+
+/// The envoy/local.yaml the tests use, with ports swapped; without `plugin` the wasm
+/// filter is removed and the `fake` route matches every path without the cluster header.
+fn bootstrap(root: &Path, fake: SocketAddr, plugin: Option<(&Value, &Path)>) -> Result<String, Error> {
+    let text = std::fs::read_to_string(root.join("envoy/local.yaml"))?;
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    doc["admin"]["address"]["socket_address"]["port_value"] = 0.into();
+    let listener = &mut doc["static_resources"]["listeners"][0];
+    listener["address"]["socket_address"]["port_value"] = 0.into();
+    let hcm = &mut listener["filter_chains"][0]["filters"][0]["typed_config"];
+    match plugin {
+        Some((plugin, wasm)) => {
+            let config = &mut hcm["http_filters"][0]["typed_config"]["config"];
+            config["configuration"]["value"] = serde_json::to_string(plugin)?.into();
+            config["vm_config"]["code"]["local"]["filename"] = wasm.to_string_lossy().to_string().into();
+        }
+        None => {
+            let filters = hcm["http_filters"]
+                .as_sequence_mut()
+                .ok_or("no http_filters in envoy/local.yaml")?;
+            filters.retain(|f| f["name"] != "waygate");
+            let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+                .as_sequence_mut()
+                .ok_or("no routes in envoy/local.yaml")?;
+            for route in routes.iter_mut().filter(|r| r["name"] == "fake") {
+                if let Some(m) = route["match"].as_mapping_mut() {
+                    m.remove("headers");
+                }
+            }
+        }
+    }
+    let clusters = doc["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .ok_or("no clusters in envoy/local.yaml")?;
+    for cluster in clusters.iter_mut().filter(|c| c["name"] == "fake") {
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
+            fake.port().into();
+    }
+    Ok(serde_yaml::to_string(&doc)?)
+}
+
+/// The requests, as raw HTTP/1.1 bytes.
+struct Targets {
+    direct: Vec<u8>,
+    plain: Vec<u8>,
+    gateway: Vec<u8>,
+    plain_anthropic: Vec<u8>,
+    gateway_anthropic: Vec<u8>,
+    direct_stream: Vec<u8>,
+    gateway_stream: Vec<u8>,
+    portkey: Vec<u8>,
+}
+
+fn http(path: &str, headers: &[(&str, &str)], body: &Value) -> Vec<u8> {
+    let body = serde_json::to_vec(body).unwrap_or_default();
+    let mut req = format!("POST {path} HTTP/1.1\r\nhost: gateway.local\r\ncontent-type: application/json\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+impl Targets {
+    fn new(body: &Value, fake: SocketAddr) -> Targets {
+        let with = |model: &str, stream: bool| {
+            let mut b = body.clone();
+            b["model"] = model.into();
+            if stream {
+                b["stream"] = true.into();
+            }
+            b
+        };
+        let openai_key = [("authorization", "Bearer fake-openai-key")];
+        let dev_key = [("authorization", "Bearer wg-dev-key")];
+        let gw_path = "/api/v1/chat/completions";
+        // What the filter sends Anthropic for this body: system apart, max_tokens kept.
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let system: Vec<Value> = messages
+            .iter()
+            .filter(|m| m["role"] == "system")
+            .map(|m| m["content"].clone())
+            .collect();
+        let turns: Vec<Value> = messages
+            .iter()
+            .filter(|m| m["role"] != "system")
+            .map(|m| json!({"role": m["role"], "content": m["content"]}))
+            .collect();
+        let anthropic = json!({
+            "model": "claude-sonnet-4", "max_tokens": body["max_tokens"], "temperature": body["temperature"],
+            "system": system.first().cloned().unwrap_or(Value::Null), "messages": turns,
+            "metadata": {"user_id": body["user"]},
+        });
+        let anthropic_headers = [("x-api-key", "fake-anthropic-key"), ("anthropic-version", "2023-06-01")];
+        Targets {
+            direct: http("/v1/chat/completions", &openai_key, &with("gpt-4o-mini", false)),
+            plain: http("/v1/chat/completions", &openai_key, &with("gpt-4o-mini", false)),
+            gateway: http(gw_path, &dev_key, &with("fake/gpt-4o-mini", false)),
+            plain_anthropic: http("/v1/messages", &anthropic_headers, &anthropic),
+            gateway_anthropic: http(gw_path, &dev_key, &with("fakeanthropic/claude-sonnet-4", false)),
+            direct_stream: http("/v1/chat/completions", &openai_key, &with("long-18", true)),
+            gateway_stream: http(gw_path, &dev_key, &with("fake/long-18", true)),
+            portkey: http(
+                "/v1/chat/completions",
+                &[
+                    ("authorization", "Bearer fake-openai-key"),
+                    ("x-portkey-provider", "openai"),
+                    ("x-portkey-custom-host", &format!("http://{fake}/v1")),
+                ],
+                &with("gpt-4o-mini", false),
+            ),
+        }
+    }
+}
+
+/// Latencies (ns) of every request, time to the first body byte, and the wall time.
+#[derive(Default)]
+struct Stats {
+    latency: Vec<u64>,
+    first: Vec<u64>,
+    wall: Duration,
+    count: usize,
+}
+
+impl Stats {
+    fn merge(&mut self, other: Stats) {
+        self.latency.extend(other.latency);
+        self.first.extend(other.first);
+        self.wall += other.wall;
+        self.count += other.count;
+    }
+
+    fn p(&self, q: f64) -> f64 {
+        percentile(&self.latency, q)
+    }
+
+    fn first(&self, q: f64) -> f64 {
+        percentile(&self.first, q)
+    }
+
+    fn rps(&self) -> f64 {
+        self.count as f64 / self.wall.as_secs_f64()
+    }
+}
+
+fn percentile(values: &[u64], q: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_unstable();
+    match v.len() {
+        0 => 0.0,
+        n => v[(((n - 1) as f64) * q).round() as usize] as f64,
+    }
+}
+
+/// Sends `total` requests over `c` keep-alive connections.
+async fn load(addr: SocketAddr, request: &[u8], c: usize, total: usize) -> Result<Stats, Error> {
+    let request: Rc<[u8]> = Rc::from(request);
+    let next = Rc::new(std::cell::Cell::new(0usize));
+    let local = tokio::task::LocalSet::new();
+    let start = Instant::now();
+    let results = local
+        .run_until(async {
+            let mut tasks = Vec::new();
+            for _ in 0..c.min(total) {
+                let (request, next) = (Rc::clone(&request), Rc::clone(&next));
+                tasks.push(tokio::task::spawn_local(async move {
+                    let mut conn = TcpStream::connect(addr).await?;
+                    conn.set_nodelay(true)?;
+                    let mut buf = Vec::with_capacity(64 * 1024);
+                    let mut out = Vec::new();
+                    while next.get() < total {
+                        next.set(next.get() + 1);
+                        out.push(exchange(&mut conn, &mut buf, &request).await?);
+                    }
+                    Ok::<_, std::io::Error>(out)
+                }));
+            }
+            let mut all = Vec::new();
+            for t in tasks {
+                all.push(t.await);
+            }
+            all
+        })
+        .await;
+    let wall = start.elapsed();
+    let mut stats = Stats {
+        wall,
+        ..Stats::default()
+    };
+    for r in results {
+        for (latency, first) in r?? {
+            stats.latency.push(latency);
+            stats.first.push(first);
+            stats.count += 1;
+        }
+    }
+    Ok(stats)
+}
+
+enum Framing {
+    Length(usize),
+    Chunked,
+}
+
+/// One request on a keep-alive connection: (total ns, ns to the first body byte).
+async fn exchange(conn: &mut TcpStream, buf: &mut Vec<u8>, request: &[u8]) -> std::io::Result<(u64, u64)> {
+    let start = Instant::now();
+    conn.write_all(request).await?;
+    buf.clear();
+    let mut head: Option<(usize, Framing)> = None;
+    let mut first = None;
+    loop {
+        if buf.capacity() - buf.len() < 16 * 1024 {
+            buf.reserve(64 * 1024);
+        }
+        if conn.read_buf(buf).await? == 0 {
+            return Err(std::io::Error::other("connection closed mid-response"));
+        }
+        if head.is_none()
+            && let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n")
+        {
+            head = Some((end + 4, parse_head(buf.get(..end).unwrap_or_default())?));
+        }
+        let Some((body_at, framing)) = &head else { continue };
+        let body = buf.get(*body_at..).unwrap_or_default();
+        if first.is_none() && !body.is_empty() {
+            first = Some(start.elapsed().as_nanos() as u64);
+        }
+        let done = match framing {
+            Framing::Length(n) => body.len() >= *n,
+            Framing::Chunked => body.ends_with(b"\r\n0\r\n\r\n") || body == b"0\r\n\r\n",
+        };
+        if done {
+            let total = start.elapsed().as_nanos() as u64;
+            return Ok((total, first.unwrap_or(total)));
+        }
+    }
+}
+
+fn parse_head(head: &[u8]) -> std::io::Result<Framing> {
+    let text = String::from_utf8_lossy(head);
+    let mut lines = text.split("\r\n");
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)).unwrap_or("");
+    if status != "200" {
+        return Err(std::io::Error::other(format!("status {status}: {text}")));
+    }
+    let mut framing = Framing::Length(0);
+    for line in lines {
+        let Some((k, v)) = line.split_once(':') else { continue };
+        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+        if k == "content-length" {
+            framing = Framing::Length(v.parse().map_err(std::io::Error::other)?);
+        } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
+            framing = Framing::Chunked;
+        }
+    }
+    Ok(framing)
+}
+
+/// `data:` frames in one streamed answer (checks the stream is what we think it is).
+async fn count_frames(addr: SocketAddr, request: &[u8]) -> Result<usize, Error> {
+    let mut conn = TcpStream::connect(addr).await?;
+    let mut buf = Vec::new();
+    exchange(&mut conn, &mut buf, request).await?;
+    let text = String::from_utf8_lossy(&buf);
+    if !text.contains("data: [DONE]") {
+        return Err(format!("the stream did not end with [DONE]: {text}").into());
+    }
+    Ok(text.matches("data: ").count() - 1)
+}
+
+const PORTKEY: &str = "@portkey-ai/gateway@1.15.2";
+
+/// Portkey's gateway from npm (installed once into target/bench/peers), on CPU 0 like the
+/// gateway, listening on loopback only (it would bind every interface: a preload pins it).
+fn start_portkey(work: &Path, pin: bool) -> Result<Proc, Error> {
+    let dir = work.join("peers");
+    std::fs::create_dir_all(&dir)?;
+    let server = dir.join("node_modules/@portkey-ai/gateway/build/start-server.js");
+    if !server.exists() {
+        let status = Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--loglevel=error", PORTKEY])
+            .current_dir(&dir)
+            .status()
+            .map_err(|e| format!("npm: {e}"))?;
+        if !status.success() {
+            return Err(format!("npm install {PORTKEY} failed").into());
+        }
+    }
+    std::fs::write(
+        dir.join("loopback.mjs"),
+        "import net from 'node:net';\n\
+         const listen = net.Server.prototype.listen;\n\
+         net.Server.prototype.listen = function (...a) {\n\
+         if (typeof a[0] === 'number' && typeof a[1] !== 'string') a.splice(1, a[1] == null ? 1 : 0, '127.0.0.1');\n\
+         return listen.apply(this, a);\n};\n",
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut cmd = if pin {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0", "node"]);
+        c
+    } else {
+        Command::new("node")
+    };
+    cmd.args(["--import", "./loopback.mjs"])
+        .arg(&server)
+        .arg(format!("--port={port}"))
+        .arg("--headless")
+        .env("NODE_ENV", "production")
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let proc = Proc {
+        child: cmd.spawn().map_err(|e| format!("node: {e}"))?,
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+    };
+    proc.wait_ready()?;
+    Ok(proc)
+}
+
+/// A child server process, killed (by its pid) on drop.
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+}
+
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Proc {
+    /// Starts `cmd` and waits for the line `<prefix>ADDR` on `stream`; the rest of that
+    /// stream is drained (and dropped) by a thread.
+    fn spawn(cmd: &mut Command, stream: Stream, prefix: &str) -> Result<Proc, Error> {
+        match stream {
+            Stream::Stdout => cmd.stdout(Stdio::piped()).stderr(Stdio::null()),
+            Stream::Stderr => cmd.stderr(Stdio::piped()).stdout(Stdio::null()),
+        };
+        let mut child = cmd.spawn()?;
+        let reader: Box<dyn std::io::Read + Send> = match stream {
+            Stream::Stdout => Box::new(child.stdout.take().ok_or("no stdout")?),
+            Stream::Stderr => Box::new(child.stderr.take().ok_or("no stderr")?),
+        };
+        let (tx, rx) = mpsc::channel();
+        let prefix = prefix.to_string();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            let mut seen = Vec::new();
+            for line in BufReader::new(reader).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = line.strip_prefix(&prefix)
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(Ok(addr.trim().to_string()));
+                } else if tx.is_some() {
+                    seen.push(line);
+                }
+            }
+            if let Some(tx) = tx {
+                let _ = tx.send(Err(seen.join("\n")));
+            }
+        });
+        let started = rx.recv_timeout(Duration::from_secs(60));
+        let addr = match started {
+            Ok(Ok(addr)) => addr.parse()?,
+            Ok(Err(output)) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{cmd:?} did not start:\n{output}").into());
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{cmd:?} did not start in 60 s").into());
+            }
+        };
+        let proc = Proc { child, addr };
+        proc.wait_ready()?;
+        Ok(proc)
+    }
+
+    /// Until a TCP connection is accepted (the host binds before printing, the fakes too).
+    fn wait_ready(&self) -> Result<(), Error> {
+        for _ in 0..500 {
+            if std::net::TcpStream::connect(self.addr).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!("{} does not accept connections", self.addr).into())
+    }
+
+    fn alive(&self) -> bool {
+        // `try_wait` needs &mut; a connect is as good a liveness check here.
+        std::net::TcpStream::connect(self.addr).is_ok()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

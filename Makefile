@@ -25,7 +25,7 @@ WASM_OPT_FLAGS := -O3 --enable-bulk-memory --enable-nontrapping-float-to-int --e
 WASM_OPTIMIZED := target/wasm32-wasip1/wasm/.waygate.optimized
 wasm: toolchain
 	$(CARGO) rustc --target wasm32-wasip1 --profile wasm -p waygate --lib --crate-type cdylib
-	@if [ $(WASM) -nt $(WASM_OPTIMIZED) ]; then \
+	@if [ ! -e $(WASM_OPTIMIZED) ] || [ $(WASM) -nt $(WASM_OPTIMIZED) ]; then \
 	  if command -v wasm-opt >/dev/null 2>&1; then \
 	    wasm-opt $(WASM_OPT_FLAGS) $(WASM) -o $(WASM).opt && mv $(WASM).opt $(WASM) && \
 	    echo "wasm-opt -O3: $$(wc -c < $(WASM)) bytes"; \

@@ -89,4 +89,10 @@ for cut in 2 6 18; do
     "${secret:0:$cut}" "${secret:$cut}" > "$c/stream_openai/split_secret_$cut"
 done
 
+# Inputs that once failed (each has a named regression test in src/), replayed as seeds.
+for dir in regressions/*/; do
+  t=$(basename "$dir")
+  for f in "$dir"*; do cp "$f" "$c/$t/regression_$(basename "$f")"; done
+done
+
 for t in $targets; do printf '%s: %s seeds\n' "$t" "$(ls "$c/$t" | wc -l)"; done

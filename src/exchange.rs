@@ -20,6 +20,7 @@ use crate::ids::new_id;
 use crate::limits::{self, SharedStore, Standing};
 use crate::metrics;
 use crate::providers::{self, UpstreamRequest};
+use crate::redact;
 use crate::request::{self, Operation, ParsedRequest};
 use crate::routing::{self, Candidate};
 use crate::stream::StreamRewriter;
@@ -583,7 +584,7 @@ impl Exchange {
             .provider
             .and_then(|p| self.config.providers.get(p))
             .and_then(|p| p.credential.as_deref())
-            .filter(|c| c.len() >= MIN_REDACTED_LEN);
+            .filter(|c| c.len() >= redact::MIN_LEN);
         match credential {
             Some(secret) => rewriter.redacting(secret),
             None => rewriter,
@@ -603,9 +604,7 @@ impl Exchange {
         if end_of_stream {
             self.phase = Phase::Done;
         }
-        // Each push writes whole events, so a credential is never split
-        // between two outputs.
-        self.redact(&mut out);
+        // The rewriter scrubs the provider's credential itself (new_rewriter).
         out
     }
 
@@ -802,7 +801,7 @@ impl Exchange {
         sent.dedup();
         for p in sent {
             if let Some(secret) = self.config.providers.get(p).and_then(|p| p.credential.as_deref()) {
-                redact_secret(bytes, secret);
+                redact::scrub(bytes, secret);
             }
         }
     }
@@ -993,73 +992,17 @@ fn key_headers(pairs: &[(Vec<u8>, Vec<u8>)], authorization: Option<&[u8]>) -> Ve
     let Ok(token) = auth::bearer_token(authorization) else {
         return Vec::new();
     };
-    if token.len() < MIN_REDACTED_LEN {
+    if token.len() < redact::MIN_LEN {
         return Vec::new();
     }
     let mut names: Vec<String> = Vec::new();
     for (name, value) in pairs {
         let Ok(name) = std::str::from_utf8(name) else { continue };
-        if name != "authorization" && find(value, token, 0).is_some() && !names.iter().any(|n| n == name) {
+        if name != "authorization" && redact::find(value, token, 0).is_some() && !names.iter().any(|n| n == name) {
             names.push(name.to_string());
         }
     }
     names
-}
-
-/// What a scrubbed credential becomes.
-const REDACTED: &[u8] = b"[redacted]";
-/// Shorter credentials are not scrubbed: replacing every occurrence of a
-/// few characters would mangle answers (real provider keys are far longer).
-const MIN_REDACTED_LEN: usize = 8;
-
-/// Replaces every occurrence of `secret`, as is and as it looks inside a
-/// JSON string, with [`REDACTED`].
-fn redact_secret(bytes: &mut Vec<u8>, secret: &str) {
-    if secret.len() < MIN_REDACTED_LEN {
-        return;
-    }
-    replace_all(bytes, secret.as_bytes());
-    if let Ok(quoted) = serde_json::to_string(secret)
-        && let Some(escaped) = quoted.get(1..quoted.len().saturating_sub(1))
-        && escaped != secret
-    {
-        replace_all(bytes, escaped.as_bytes());
-    }
-}
-
-fn replace_all(bytes: &mut Vec<u8>, needle: &[u8]) {
-    let Some(mut at) = find(bytes, needle, 0) else {
-        return;
-    };
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut from = 0;
-    loop {
-        out.extend_from_slice(bytes.get(from..at).unwrap_or_default());
-        out.extend_from_slice(REDACTED);
-        from = at.saturating_add(needle.len());
-        match find(bytes, needle, from) {
-            Some(next) => at = next,
-            None => break,
-        }
-    }
-    out.extend_from_slice(bytes.get(from..).unwrap_or_default());
-    *bytes = out;
-}
-
-/// The first `needle` in `haystack` at or after `from`.
-fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    let (&first, rest) = needle.split_first()?;
-    let mut start = from;
-    while let Some(tail) = haystack.get(start..) {
-        let offset = tail.iter().position(|b| *b == first)?;
-        let at = start.saturating_add(offset);
-        let after = at.saturating_add(1);
-        if haystack.get(after..after.saturating_add(rest.len())) == Some(rest) {
-            return Some(at);
-        }
-        start = after;
-    }
-    None
 }
 
 /// The part of `path` after `base`, when `path` is `base` or below it.
@@ -1247,22 +1190,5 @@ mod tests {
                 .set
                 .contains(&("x-api-key".to_string(), ANTHROPIC_SECRET.to_string()))
         );
-    }
-
-    #[test]
-    fn redaction_replaces_every_occurrence_and_spares_short_keys() {
-        let mut bytes = b"aSECRET-KEYbSECRET-KEYSECRET-KEYc".to_vec();
-        redact_secret(&mut bytes, "SECRET-KEY");
-        assert_eq!(text(&bytes), "a[redacted]b[redacted][redacted]c");
-        let mut bytes = b"a short key".to_vec();
-        redact_secret(&mut bytes, "short");
-        assert_eq!(text(&bytes), "a short key");
-        // As a JSON string shows it.
-        let mut bytes = br#"{"m":"key \"quoted\" key"}"#.to_vec();
-        redact_secret(&mut bytes, r#"key "quoted" key"#);
-        assert_eq!(text(&bytes), r#"{"m":"[redacted]"}"#);
-        assert_eq!(find(b"abcabd", b"abd", 0), Some(3));
-        assert_eq!(find(b"ab", b"abc", 0), None);
-        assert_eq!(find(b"abc", b"", 0), None);
     }
 }

@@ -14,6 +14,7 @@
 //! 4. Response: a stream goes through [`stream`] (one [`sse`] framer, one
 //!    provider translator, OpenAI chunks out); a JSON answer or an error is
 //!    buffered and reshaped by [`answer`] or into an [`errors::ApiError`].
+//!    Whatever came from a provider has its credential scrubbed ([`redact`]).
 //! 5. The access log line comes from [`exchange::Exchange::access_log`].
 //!
 //! [`config`] parses the plugin configuration once per VM.
@@ -28,6 +29,7 @@ pub mod ids;
 pub mod limits;
 pub mod metrics;
 pub mod providers;
+pub mod redact;
 pub mod request;
 pub mod routing;
 pub mod sse;

@@ -7,9 +7,10 @@
 //! `[DONE]` and only when the client asked, and one error event (no `[DONE]`)
 //! when the stream fails or ends without its terminal event.
 //!
-//! With [`StreamRewriter::redacting`], the provider's credential is scrubbed
-//! from the streamed text even when a provider that echoes it splits it
-//! across deltas (see [`Scrubber`]).
+//! With [`StreamRewriter::redacting`], the provider's credential never
+//! reaches the client: it is scrubbed from every event written, and from the
+//! streamed text even when a provider that echoes it splits it across deltas
+//! (see [`Scrubber`]).
 
 use serde_json::{Value, json};
 
@@ -17,6 +18,7 @@ use crate::answer::{Stamp, text_stream_choice};
 use crate::errors::ApiError;
 use crate::providers::openai::interrupted;
 use crate::providers::{StreamItem, StreamTranslator};
+use crate::redact::{self, REDACTED};
 use crate::request::Operation;
 use crate::sse::{DONE, SseDecoder, SseError, SseEvent, write_data};
 use crate::usage::Usage;
@@ -52,9 +54,11 @@ impl StreamRewriter {
         }
     }
 
-    /// Scrubs `secret` (the provider's credential) from the streamed text.
+    /// Scrubs `secret` (the provider's credential) from everything written.
     pub fn redacting(mut self, secret: &str) -> Self {
-        self.scrubber = Some(Scrubber::new(secret));
+        if secret.len() >= redact::MIN_LEN {
+            self.scrubber = Some(Scrubber::new(secret));
+        }
         self
     }
 
@@ -73,6 +77,7 @@ impl StreamRewriter {
         if self.finished {
             return;
         }
+        let start = out.len();
         let framed = self.decoder.push(chunk, &mut self.events);
         self.drain_events(out);
         if let Err(SseError::TooLong { limit }) = framed {
@@ -80,6 +85,15 @@ impl StreamRewriter {
                 &interrupted(&format!("The provider sent an event over {limit} bytes.")),
                 out,
             );
+        }
+        self.scrub(out, start);
+    }
+
+    /// Whole events were written after `start`: a credential in them (a key,
+    /// an error message, one delta) cannot be split across two calls.
+    fn scrub(&self, out: &mut Vec<u8>, start: usize) {
+        if let Some(scrubber) = &self.scrubber {
+            redact::scrub_from(out, start, &scrubber.secret);
         }
     }
 
@@ -89,19 +103,23 @@ impl StreamRewriter {
         if self.finished {
             return;
         }
+        let start = out.len();
         let framed = self.decoder.finish(&mut self.events);
         self.drain_events(out);
         if framed.is_err() || !self.finished {
             self.fail(&interrupted("The provider's stream ended before it was complete."), out);
         }
+        self.scrub(out, start);
     }
 
     /// A failure outside the stream (reset, timeout): the error event.
     pub fn fail(&mut self, error: &ApiError, out: &mut Vec<u8>) {
         if !self.finished {
+            let start = out.len();
             self.flush_held(out);
             write_data(out, &error.body());
             self.finished = true;
+            self.scrub(out, start);
         }
     }
 
@@ -216,8 +234,6 @@ impl StreamRewriter {
     }
 }
 
-/// What a scrubbed credential becomes.
-const REDACTED: &str = "[redacted]";
 /// The shortest start of the secret held back at the end of a delta; a
 /// shorter one goes out, and the rest of the secret is scrubbed from the
 /// next delta instead, so at most this many characters less one are seen.
@@ -288,31 +304,45 @@ impl Scrubber {
         };
         let mut s = std::mem::take(held);
         s.push_str(text);
-        let mut s = s.replace(secret, REDACTED);
-        // The secret's start went out already: scrub its continuation.
-        let spanning = (1..secret.len())
-            .rev()
+        if s.contains(secret) {
+            s = s.replace(secret, REDACTED);
+        }
+        // The secret's start went out already: scrub its continuation. Only
+        // the cuts where the bytes either side match can be it.
+        let (last, first) = (tail.as_bytes().last(), s.as_bytes().first());
+        let spanning = secret
+            .as_bytes()
+            .windows(2)
+            .enumerate()
+            .filter(|(_, w)| w.first() == last && w.get(1) == first)
+            .map(|(i, _)| i.saturating_add(1))
             .filter(|k| secret.is_char_boundary(*k))
-            .find_map(|k| {
+            .filter_map(|k| {
                 let (start, rest) = (secret.get(..k)?, secret.get(k..)?);
                 (tail.ends_with(start) && s.starts_with(rest)).then_some(rest.len())
-            });
+            })
+            .max();
         if let Some(rest) = spanning {
             s = format!("{REDACTED}{}", s.get(rest..).unwrap_or_default());
         }
         // Text ending in the secret's first HOLD_MIN+ characters (counting
         // what just went out): hold back this delta's part of them.
-        let keep = if finishing {
-            0
-        } else {
-            let seen = format!("{tail}{s}");
-            (HOLD_MIN..secret.len())
-                .rev()
-                .filter(|k| secret.is_char_boundary(*k))
-                .find(|k| secret.get(..*k).is_some_and(|start| seen.ends_with(start)))
-                .map_or(0, |k| k.min(s.len()))
+        let keep = match s.as_bytes().last() {
+            Some(end) if !finishing => secret
+                .bytes()
+                .enumerate()
+                .filter(|(_, b)| b == end)
+                .map(|(i, _)| i.saturating_add(1))
+                .filter(|k| (HOLD_MIN..secret.len()).contains(k) && secret.is_char_boundary(*k))
+                .filter(|k| secret.get(..*k).is_some_and(|start| ends_with_across(tail, &s, start)))
+                .max()
+                .map_or(0, |k| k.min(s.len())),
+            _ => 0,
         };
         let emit_len = s.len().saturating_sub(keep);
+        if !s.is_char_boundary(emit_len) {
+            return s;
+        }
         *held = s.get(emit_len..).unwrap_or_default().to_string();
         s.truncate(emit_len);
         tail.push_str(&s);
@@ -331,6 +361,14 @@ impl Scrubber {
             .filter(|(_, held, _)| !held.is_empty())
             .map(|(index, held, _)| (*index, std::mem::take(held)))
             .collect()
+    }
+}
+
+/// Whether `a` followed by `b` ends with `suffix`.
+fn ends_with_across(a: &str, b: &str, suffix: &str) -> bool {
+    match suffix.len().checked_sub(b.len()) {
+        None => b.ends_with(suffix),
+        Some(from_a) => suffix.get(from_a..) == Some(b) && suffix.get(..from_a).is_some_and(|start| a.ends_with(start)),
     }
 }
 
@@ -533,6 +571,21 @@ mod tests {
             &stream_of(&["x", "sk-live-01", "2345", "6789!"], FINISH),
         );
         assert_eq!(text_of(&events), "x[redacted]!");
+    }
+
+    #[test]
+    fn a_credential_outside_the_text_is_scrubbed_too() {
+        // Found by the `stream_openai` fuzz target: the credential in a key
+        // of the delta (passed through as is) and in an error message.
+        let input = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"x{SECRET}\":1,\"content\":\"a\"}}}}]}}\n\n\
+             data: {{\"error\":{{\"message\":\"bad key {SECRET}\"}}}}\n\n"
+        );
+        let events = scrubbed(Operation::Chat, &input);
+        let all: String = events.iter().map(Value::to_string).collect();
+        assert!(!all.contains(SECRET), "{all}");
+        assert_eq!(events[0]["choices"][0]["delta"]["x[redacted]"], 1);
+        assert_eq!(events[1]["error"]["message"], "bad key [redacted]");
     }
 
     #[test]

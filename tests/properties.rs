@@ -4,6 +4,8 @@
 //!   same client stream under every chunking of a generated event sequence
 //!   (whole, byte by byte, and generated split points), carries the text it
 //!   was given, and ends with `[DONE]` or exactly one error event;
+//! - a provider credential split anywhere across content deltas never
+//!   reaches the client of a redacting stream;
 //! - every error path of a request (headers, body, routing, the provider's
 //!   answer) yields the contract's envelope.
 
@@ -398,6 +400,61 @@ proptest! {
     fn gemini_streams_are_chunking_invariant(steps in prop::collection::vec(step(), 0..8), end in ending(),
                                              eol in line_end(), usage in any::<bool>(), sizes in sizes()) {
         check_stream(Api::Gemini, &gemini(&steps, &end, eol), usage, &sizes)?;
+    }
+}
+
+// ---- a credential split anywhere across deltas never reaches the client -----------
+
+const SECRET: &str = "sk-prop-secret-0123456789";
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn a_credential_split_across_deltas_is_always_scrubbed(
+        pre in "[a-z ]{0,12}",
+        post in "[a-z ]{0,12}",
+        cuts in prop::collection::vec(0usize..60, 0..6),
+        api in prop::sample::select(&[Api::Openai, Api::Anthropic, Api::Gemini][..]),
+        sizes in sizes(),
+    ) {
+        let text = format!("{pre}{SECRET}{post}");
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (text.len() + 1)).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut pieces = Vec::new();
+        let mut from = 0;
+        for c in cuts.into_iter().chain([text.len()]) {
+            if c > from {
+                pieces.push(Step::Text(text[from..c].to_string()));
+                from = c;
+            }
+        }
+        let rendered = match api {
+            Api::Openai => openai(&pieces, &Ending::Complete, "\n"),
+            Api::Anthropic => anthropic(&pieces, &Ending::Complete, "\n"),
+            Api::Gemini => gemini(&pieces, &Ending::Complete, "\n"),
+        };
+        let request = stream_request(false);
+        let run = |chunks: &[&[u8]]| {
+            let stamp = Stamp { op: Operation::Chat, id: "chatcmpl_P".into(), model: "m".into(), created: 7 };
+            let mut r = StreamRewriter::new(providers::stream_translator(api, &request), stamp, false).redacting(SECRET);
+            let mut out = Vec::new();
+            for c in chunks {
+                r.push(c, &mut out);
+            }
+            r.finish(&mut out);
+            out
+        };
+        let whole = run(&[&rendered.bytes]);
+        prop_assert_eq!(&whole, &run(&cut(&rendered.bytes, &sizes)));
+        let events = client_events(&whole);
+        let content: String = events.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
+        prop_assert!(!content.contains(SECRET), "{}", content);
+        prop_assert!(!String::from_utf8_lossy(&whole).contains(SECRET));
+        prop_assert!(content.starts_with(&pre) && content.ends_with(&post), "{}", content);
+        prop_assert!(content.contains("[redacted]"), "{}", content);
+        prop_assert_eq!(events.last().unwrap(), "[DONE]");
     }
 }
 

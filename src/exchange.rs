@@ -183,6 +183,12 @@ pub struct Exchange {
 
 const HOP_HEADERS_TO_DROP: [&str; 3] = ["authorization", "accept-encoding", "content-length"];
 
+/// The largest non-streaming answer the filter holds. The shell keeps the
+/// answer itself rather than in Envoy's buffer, whose limit would end an
+/// oversize answer with Envoy's plain-text 500; past this one the client
+/// gets the contract's 502 instead.
+pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
 impl Exchange {
     pub fn new(config: Rc<Config>) -> Exchange {
         Exchange {
@@ -503,6 +509,67 @@ impl Exchange {
 
     /// The host refused to dispatch a fallback call (unknown cluster): that
     /// candidate counts as an attempt that failed to connect.
+    /// A fallback call's answer is over [`MAX_ANSWER_BYTES`] (its body unread).
+    pub fn on_call_too_large(&mut self, status: u16) -> CallStep {
+        if !matches!(self.phase, Phase::Calling) {
+            return CallStep::Reply(self.rewrite_error(&internal("call answer in an unexpected phase"), false));
+        }
+        self.record_attempt(status, false);
+        self.phase = Phase::Done;
+        CallStep::Reply(self.rewrite_error(&self.answer_too_large(), false))
+    }
+
+    /// The buffered answer grew past [`MAX_ANSWER_BYTES`]: the final answer
+    /// is a 502, and the rest of the upstream body is dropped.
+    pub fn on_buffered_too_large(&mut self) -> Rewrite {
+        if !matches!(self.phase, Phase::Buffering { .. }) {
+            return self.rewrite_error(&internal("response body in an unexpected phase"), false);
+        }
+        self.phase = Phase::Done;
+        self.rewrite_error(&self.answer_too_large(), false)
+    }
+
+    fn answer_too_large(&self) -> ApiError {
+        ApiError::new(
+            502,
+            ErrorType::Upstream,
+            "invalid_upstream_response",
+            format!(
+                "The provider's answer was larger than {MAX_ANSWER_BYTES} bytes ({}).",
+                self.attempt_summary()
+            ),
+        )
+    }
+
+    /// Upstream response headers whose values carry the credential of a
+    /// provider this request was sent to, with it scrubbed: the name and the
+    /// value to set in place of every value of that name (joined with `, `).
+    pub fn scrub_headers(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Vec<Header> {
+        let mut scrubbed: Vec<Header> = Vec::new();
+        for (name, value) in pairs {
+            let Ok(name) = std::str::from_utf8(name) else { continue };
+            if name.starts_with(':') || scrubbed.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            let mut clean = value.clone();
+            self.redact(&mut clean);
+            if clean == *value {
+                continue;
+            }
+            let values: Vec<String> = pairs
+                .iter()
+                .filter(|(n, _)| n.as_slice() == name.as_bytes())
+                .map(|(_, v)| {
+                    let mut v = v.clone();
+                    self.redact(&mut v);
+                    String::from_utf8_lossy(&v).into_owned()
+                })
+                .collect();
+            scrubbed.push((name.to_string(), values.join(", ")));
+        }
+        scrubbed
+    }
+
     pub fn on_call_refused(&mut self) -> CallStep {
         self.on_call_response(&ResponseHead::default(), &[])
     }

@@ -637,14 +637,34 @@ fn a_10_mb_line_ends_the_stream_with_the_error_event() {
 }
 
 #[test]
-fn an_endless_json_body_is_cut_at_the_buffer_limit() {
+fn an_endless_json_body_gets_the_contracts_502_at_the_filters_limit() {
     let c = Chaos::start();
-    // Not a stream: the filter buffers, and the buffer limit (8 MiB here)
-    // ends it: the host's 500 (Envoy's responseDataTooLarge) or a reset.
-    match exchange(c.gw.addr, &json_request(&chat("raw/endless-json", false))) {
-        Outcome::Answer(r) if r.complete => assert!(r.status >= 500, "{} {}", r.status, r.text()),
-        Outcome::Answer(_) | Outcome::Closed => {}
-    }
+    // Not a stream: the filter holds the answer itself (Envoy's buffer
+    // limit, 8 MiB here, would answer a plain-text 500) up to 16 MiB.
+    let Outcome::Answer(r) = exchange(c.gw.addr, &json_request(&chat("raw/endless-json", false))) else {
+        panic!("the connection closed without an answer");
+    };
+    assert!(r.complete);
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let body: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["error"]["type"], "upstream_error", "{body}");
+    assert_eq!(body["error"]["code"], "invalid_upstream_response", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("larger than 16777216 bytes (raw: 200)"), "{message}");
     assert!(c.raw.wait_idle(Duration::from_secs(10)), "the upstream is released");
+    c.assert_healthy();
+}
+
+#[test]
+fn an_answer_over_envoys_buffer_limit_but_under_the_filters_arrives_whole() {
+    let c = Chaos::start();
+    let r = c.gw.chat(chat("raw/big-json", false));
+    assert_eq!(r.status, 200, "{}", r.header("content-type").unwrap_or_default());
+    let body = r.json();
+    let content = body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(content.len(), 12 * 1024 * 1024);
+    assert!(content.bytes().all(|b| b == b'y'));
+    assert_eq!(body["usage"]["total_tokens"], 5);
     c.assert_healthy();
 }

@@ -71,6 +71,24 @@ fn an_echoing_provider_never_hands_its_credential_to_the_client() {
 }
 
 #[test]
+fn a_credential_echoed_in_a_response_header_is_scrubbed() {
+    let c = Chaos::start();
+    for (model, stream) in [("raw/echo-header", false), ("raw/echo-header-stream", true)] {
+        let r = c.gw.chat(chat(model, stream));
+        assert_eq!(r.status, 200, "{model}: {}", r.text());
+        assert_no_credential(&r, model);
+        assert_eq!(r.header("x-echo-auth"), Some("Bearer [redacted], second"), "{model}");
+        assert_eq!(r.header("x-other"), Some("kept"), "{model}");
+        if stream {
+            assert_eq!(r.events().last().unwrap(), "[DONE]");
+        } else {
+            assert_eq!(r.json()["choices"][0]["message"]["content"], "fine");
+        }
+    }
+    assert_clean_logs(&c);
+}
+
+#[test]
 fn provider_errors_echoing_the_request_do_not_leak_the_credential() {
     let c = Chaos::with_config(&plugin_config("echo-503"));
     for provider in ["raw", "rawanthropic", "rawgemini"] {

@@ -9,7 +9,9 @@ use proxy_wasm::types::Action;
 use super::host::{self, Buffer, Map};
 use crate::config::Config;
 use crate::errors::{ApiError, ErrorType};
-use crate::exchange::{Call, CallStep, Exchange, HeadersAction, Reply, ResponseAction, ResponseHead, Rewrite};
+use crate::exchange::{
+    Call, CallStep, Exchange, HeadersAction, MAX_ANSWER_BYTES, Reply, ResponseAction, ResponseHead, Rewrite,
+};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Response {
@@ -28,6 +30,10 @@ pub struct Stream {
     response: Response,
     started_ns: u64,
     usage_published: bool,
+    /// A non-streaming answer so far. Held here, not in Envoy's buffer, so
+    /// that its size limit is ours and an oversize answer gets the
+    /// contract's 502 rather than Envoy's plain-text 500.
+    answer: Vec<u8>,
     /// When the request went upstream, its first answer byte, its end.
     forwarded_ns: Option<u64>,
     first_byte_ns: Option<u64>,
@@ -41,6 +47,7 @@ impl Stream {
             response: Response::Untouched,
             started_ns: host::now_nanos(),
             usage_published: false,
+            answer: Vec::new(),
             forwarded_ns: None,
             first_byte_ns: None,
             done_ns: None,
@@ -179,6 +186,19 @@ impl Context for Stream {
         if self.response != Response::Calling {
             return;
         }
+        if body_size > MAX_ANSWER_BYTES {
+            let status = host::header_pairs(Map::CallResponse)
+                .ok()
+                .and_then(|pairs| {
+                    let (_, v) = pairs.into_iter().find(|(k, _)| k.as_slice() == b":status")?;
+                    std::str::from_utf8(&v).ok()?.parse().ok()
+                })
+                .unwrap_or(0);
+            if let CallStep::Reply(rewrite) = self.exchange.on_call_too_large(status) {
+                self.reply_with(&rewrite);
+            }
+            return;
+        }
         // Zero headers: the call was reset before an answer.
         let pairs = if num_headers == 0 {
             Vec::new()
@@ -303,6 +323,14 @@ impl HttpContext for Stream {
             code_details: details.as_deref().and_then(|d| std::str::from_utf8(d).ok()),
         };
         let (action, rewrite) = self.exchange.on_response_headers(&head, end_of_stream);
+        if matches!(action, ResponseAction::Stream { .. } | ResponseAction::Buffer) {
+            // A provider may echo its credential in a header, too.
+            for (name, value) in self.exchange.scrub_headers(&pairs) {
+                if let Err(status) = host::set_header(Map::Response, &name, &value) {
+                    return self.internal_error("scrubbing a response header", status);
+                }
+            }
+        }
         match (action, rewrite) {
             (ResponseAction::Continue, _) => Action::Continue,
             (ResponseAction::Stream { remove, set }, _) => {
@@ -367,12 +395,29 @@ impl HttpContext for Stream {
                 Action::Continue
             }
             Response::Buffering => {
+                // The previous callback drained Envoy's buffer: this is only the new chunk.
+                let chunk = match host::buffer(Buffer::ResponseBody, 0, body_size) {
+                    Ok(chunk) => chunk,
+                    Err(status) => return self.internal_error("reading the response body", status),
+                };
+                if self.answer.len().saturating_add(chunk.len()) > MAX_ANSWER_BYTES {
+                    self.answer = Vec::new();
+                    let rewrite = self.exchange.on_buffered_too_large();
+                    return self.reply_with(&rewrite);
+                }
                 if !end_of_stream {
+                    self.answer.extend_from_slice(&chunk);
+                    if let Err(status) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &[]) {
+                        return self.internal_error("draining the response body", status);
+                    }
                     return Action::Pause;
                 }
-                let body = match host::buffer(Buffer::ResponseBody, 0, body_size) {
-                    Ok(body) => body,
-                    Err(status) => return self.internal_error("reading the response body", status),
+                let body = if self.answer.is_empty() {
+                    chunk
+                } else {
+                    let mut body = std::mem::take(&mut self.answer);
+                    body.extend_from_slice(&chunk);
+                    body
                 };
                 let rewrite = self.exchange.on_buffered_body(&body);
                 self.response = Response::Untouched;
@@ -395,10 +440,13 @@ impl HttpContext for Stream {
                 Action::Continue
             }
             Response::Buffering => {
-                let body = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
+                let rest = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
+                let mut body = std::mem::take(&mut self.answer);
+                body.extend_from_slice(&rest);
                 let rewrite = self.exchange.on_buffered_body(&body);
                 self.response = Response::Untouched;
-                self.apply_rewrite(&rewrite, body.len())
+                self.publish_usage();
+                self.apply_rewrite(&rewrite, rest.len())
             }
             Response::Calling => Action::Pause,
             Response::Untouched | Response::Expected => Action::Continue,

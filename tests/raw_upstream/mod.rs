@@ -349,6 +349,38 @@ fn serve(mut conn: TcpStream, stop: &AtomicBool, received: &Mutex<Vec<RawRequest
                 let block = vec![b'x'; 64 * 1024];
                 until_gone(Duration::from_secs(20), stop, || c.write_all(&block))
             }),
+        // A valid answer of 12 MiB: over the listener's 8 MiB buffer limit,
+        // under the filter's own 16 MiB.
+        "big-json" => {
+            let content = "y".repeat(12 * 1024 * 1024);
+            answer(
+                c,
+                "200 OK",
+                &[("content-type", "application/json")],
+                &completion(&content),
+            )
+        }
+        // The credential echoed in response headers, a stream or not.
+        "echo-header" | "echo-header-stream" => {
+            let key = credential(&req.head);
+            let (content_type, body) = if scenario == "echo-header" {
+                ("application/json", completion("fine"))
+            } else {
+                ("text/event-stream", [event("fine"), stream_end()].concat())
+            };
+            let seen = format!("Bearer {key}");
+            answer(
+                c,
+                "200 OK",
+                &[
+                    ("content-type", content_type),
+                    ("x-echo-auth", seen.as_str()),
+                    ("x-echo-auth", "second"),
+                    ("x-other", "kept"),
+                ],
+                &body,
+            )
+        }
         // The request, credentials included, echoed in an error or an
         // invalid answer: the gateway must not pass the credential on.
         "echo-400" | "echo-422" | "echo-503" => {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::answer::{self, Stamp};
 use crate::auth;
-use crate::config::{Config, Provider};
+use crate::config::{Api, Config, Provider};
 use crate::errors::{ApiError, ErrorType};
 use crate::ids::new_id;
 use crate::limits::{self, SharedStore, Standing};
@@ -545,15 +545,14 @@ impl Exchange {
     /// provider this request was sent to, with it scrubbed: the name and the
     /// value to set in place of every value of that name (joined with `, `).
     pub fn scrub_headers(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Vec<Header> {
+        let secrets = self.sent_credentials();
         let mut scrubbed: Vec<Header> = Vec::new();
         for (name, value) in pairs {
-            let Ok(name) = std::str::from_utf8(name) else { continue };
-            if name.starts_with(':') || scrubbed.iter().any(|(n, _)| n == name) {
+            if !secrets.iter().any(|s| redact::find(value, s.as_bytes(), 0).is_some()) {
                 continue;
             }
-            let mut clean = value.clone();
-            self.redact(&mut clean);
-            if clean == *value {
+            let Ok(name) = std::str::from_utf8(name) else { continue };
+            if name.starts_with(':') || scrubbed.iter().any(|(n, _)| n == name) {
                 continue;
             }
             let values: Vec<String> = pairs
@@ -686,8 +685,8 @@ impl Exchange {
         else {
             return self.rewrite_error(&internal("response body in an unexpected phase"), false);
         };
-        let provider = self.provider.and_then(|p| self.config.providers.get(p)).cloned();
-        let Some(provider) = provider else {
+        let cfg = Rc::clone(&self.config);
+        let Some(provider) = self.provider.and_then(|p| cfg.providers.get(p)) else {
             return self.rewrite_error(&internal("no provider"), false);
         };
         if router_error {
@@ -699,7 +698,7 @@ impl Exchange {
             return self.rewrite_error(&e, false);
         }
         if (200..300).contains(&status) {
-            return match self.translate_success(&provider, body, event_stream) {
+            return match self.translate_success(provider, body, event_stream) {
                 Ok(rewrite) => rewrite,
                 Err(why) => {
                     // `why` may quote the provider's body (serde names the value it refused).
@@ -760,6 +759,11 @@ impl Exchange {
             rewriter.finish(&mut out);
             self.usage = rewriter.usage();
             ("text/event-stream", out)
+        } else if provider.api == Api::Openai && stamp.op == Operation::Chat {
+            // Already a chat.completion: a few members change, the rest is copied.
+            let (out, usage) = providers::openai::finish_chat(&stamp, body)?;
+            self.usage = Some(usage);
+            ("application/json", out)
         } else {
             let request = self.request.as_ref().ok_or("no request")?;
             let (answer, usage) = providers::translate_answer(provider.api, request, body)?;
@@ -862,14 +866,20 @@ impl Exchange {
     /// from bytes on their way to the client or the log. A provider that
     /// echoes the request (its error message, an echo model, a value serde
     /// quotes back) would otherwise hand our key to the client.
-    fn redact(&self, bytes: &mut Vec<u8>) {
+    /// The credentials of every provider this request was sent to.
+    fn sent_credentials(&self) -> Vec<&str> {
         let mut sent: Vec<usize> = self.attempts.iter().map(|(p, _)| *p).chain(self.provider).collect();
         sent.sort_unstable();
         sent.dedup();
-        for p in sent {
-            if let Some(secret) = self.config.providers.get(p).and_then(|p| p.credential.as_deref()) {
-                redact::scrub(bytes, secret);
-            }
+        sent.into_iter()
+            .filter_map(|p| self.config.providers.get(p)?.credential.as_deref())
+            .filter(|c| c.len() >= redact::MIN_LEN)
+            .collect()
+    }
+
+    fn redact(&self, bytes: &mut Vec<u8>) {
+        for secret in self.sent_credentials() {
+            redact::scrub(bytes, secret);
         }
     }
 

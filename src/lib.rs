@@ -27,6 +27,7 @@ pub mod exchange;
 pub mod glob;
 pub mod ids;
 pub mod limits;
+pub mod members;
 pub mod metrics;
 pub mod providers;
 pub mod redact;

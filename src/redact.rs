@@ -18,30 +18,27 @@ pub const MIN_LEN: usize = 8;
 /// Replaces every occurrence of `secret` in `bytes`, as is and as it looks
 /// inside a JSON string, with [`REDACTED`].
 pub fn scrub(bytes: &mut Vec<u8>, secret: &str) {
-    if secret.len() < MIN_LEN {
-        return;
-    }
-    replace_all(bytes, secret.as_bytes());
-    if let Ok(quoted) = serde_json::to_string(secret)
-        && let Some(escaped) = quoted.get(1..quoted.len().saturating_sub(1))
-        && escaped != secret
-    {
-        replace_all(bytes, escaped.as_bytes());
-    }
+    scrub_from(bytes, 0, secret);
 }
 
-/// [`scrub`] on what was appended to `bytes` after `start`.
+/// [`scrub`] on what was appended to `bytes` after `start`. Runs on every
+/// answer and stream event, so it allocates only when it finds something.
 pub fn scrub_from(bytes: &mut Vec<u8>, start: usize, secret: &str) {
     if start >= bytes.len() || secret.len() < MIN_LEN {
         return;
     }
-    let mut tail = bytes.split_off(start);
-    scrub(&mut tail, secret);
-    bytes.append(&mut tail);
+    replace_all(bytes, start, secret.as_bytes());
+    // Usual keys have nothing JSON escapes: the escaped form is the same.
+    if secret.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20)
+        && let Ok(quoted) = serde_json::to_string(secret)
+        && let Some(escaped) = quoted.get(1..quoted.len().saturating_sub(1))
+    {
+        replace_all(bytes, start, escaped.as_bytes());
+    }
 }
 
-fn replace_all(bytes: &mut Vec<u8>, needle: &[u8]) {
-    let Some(mut at) = find(bytes, needle, 0) else {
+fn replace_all(bytes: &mut Vec<u8>, start: usize, needle: &[u8]) {
+    let Some(mut at) = find(bytes, needle, start) else {
         return;
     };
     let mut out = Vec::with_capacity(bytes.len());
@@ -65,7 +62,7 @@ pub fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
     let (&first, rest) = needle.split_first()?;
     let mut start = from;
     while let Some(tail) = haystack.get(start..) {
-        let offset = tail.iter().position(|b| *b == first)?;
+        let offset = position_of(tail, first)?;
         let at = start.saturating_add(offset);
         let after = at.saturating_add(1);
         if haystack.get(after..after.saturating_add(rest.len())) == Some(rest) {
@@ -74,6 +71,27 @@ pub fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
         start = after;
     }
     None
+}
+
+/// The first `byte` in `bytes`. Every answer and stream event is scanned
+/// for each credential, so this looks at eight bytes per step (wasm has
+/// 64-bit integers but no SIMD here): a word holds `byte` when its XOR with
+/// `byte` repeated has a zero byte.
+fn position_of(bytes: &[u8], byte: u8) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let pattern = ONES.wrapping_mul(u64::from(byte));
+    let mut clear = 0usize;
+    for word in bytes.chunks_exact(8) {
+        let Ok(word) = <[u8; 8]>::try_from(word) else { break };
+        let x = u64::from_le_bytes(word) ^ pattern;
+        if x.wrapping_sub(ONES) & !x & HIGHS != 0 {
+            break;
+        }
+        clear = clear.saturating_add(8);
+    }
+    let offset = bytes.get(clear..)?.iter().position(|b| *b == byte)?;
+    Some(clear.saturating_add(offset))
 }
 
 #[cfg(test)]
@@ -115,5 +133,21 @@ mod tests {
         assert_eq!(find(b"ab", b"abc", 0), None);
         assert_eq!(find(b"abc", b"", 0), None);
         assert_eq!(find(b"abc", b"c", 9), None);
+    }
+
+    #[test]
+    fn find_agrees_with_a_plain_search_at_every_position() {
+        let hay: Vec<u8> = (0..70u8)
+            .map(|i| if i % 9 == 0 { 0xff } else { b'a' + i % 5 })
+            .collect();
+        for needle in [&b"\xffa"[..], b"cd", b"e", b"\xff", b"zz", b"abcde"] {
+            for from in 0..=hay.len() + 1 {
+                let plain = hay
+                    .get(from..)
+                    .and_then(|t| t.windows(needle.len()).position(|w| w == needle))
+                    .map(|p| p + from);
+                assert_eq!(find(&hay, needle, from), plain, "{needle:?} from {from}");
+            }
+        }
     }
 }

@@ -36,6 +36,9 @@ pub struct StreamRewriter {
     events: Vec<SseEvent>,
     items: Vec<StreamItem>,
     scrubber: Option<Scrubber>,
+    /// `{"id":…,"object":…,"created":…,"model":…` as every chunk starts,
+    /// encoded once.
+    head: Vec<u8>,
 }
 
 impl StreamRewriter {
@@ -43,7 +46,6 @@ impl StreamRewriter {
         StreamRewriter {
             decoder: SseDecoder::default(),
             translator,
-            stamp,
             include_usage,
             usage: None,
             role_sent: false,
@@ -51,6 +53,8 @@ impl StreamRewriter {
             events: Vec::new(),
             items: Vec::new(),
             scrubber: None,
+            head: chunk_head(&stamp),
+            stamp,
         }
     }
 
@@ -162,9 +166,8 @@ impl StreamRewriter {
             StreamItem::Done => {
                 self.flush_held(out);
                 if self.include_usage {
-                    let usage = self.usage.unwrap_or_default();
-                    let chunk = self.envelope(Value::Array(Vec::new()), Some(usage.to_json()));
-                    write_json(out, &chunk);
+                    let usage = self.usage.unwrap_or_default().to_json();
+                    self.write_envelope(&[], &[("usage", &usage)], out);
                 }
                 out.extend_from_slice(DONE);
                 self.finished = true;
@@ -174,7 +177,8 @@ impl StreamRewriter {
     }
 
     fn write_chunk(&mut self, chunk: Value, out: &mut Vec<u8>) {
-        let Some(Value::Array(mut choices)) = chunk.get("choices").cloned() else {
+        let Value::Object(mut chunk) = chunk else { return };
+        let Some(Value::Array(mut choices)) = chunk.remove("choices") else {
             return;
         };
         if let Some(scrubber) = self.scrubber.as_mut() {
@@ -203,35 +207,47 @@ impl StreamRewriter {
             delta.entry("role").or_insert_with(|| "assistant".into());
         }
         self.role_sent = true;
-        let mut envelope = self.envelope(Value::Array(choices), None);
         // Provider extras (system_fingerprint and the like) are kept.
-        if let (Value::Object(extra), Some(target)) = (chunk, envelope.as_object_mut()) {
-            for (k, v) in extra {
-                if !matches!(k.as_str(), "id" | "object" | "created" | "model" | "choices" | "usage") {
-                    target.entry(k).or_insert(v);
-                }
-            }
-        }
-        write_json(out, &envelope);
+        let extras: Vec<(&str, &Value)> = chunk
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "id" | "object" | "created" | "model" | "usage"))
+            .map(|(k, v)| (k.as_str(), v))
+            .collect();
+        self.write_envelope(&choices, &extras, out);
     }
 
-    fn envelope(&self, choices: Value, usage: Option<Value>) -> Value {
-        let object = match self.stamp.op {
-            Operation::Chat => "chat.completion.chunk",
-            Operation::Completions => "text_completion",
-        };
-        let mut v = json!({
-            "id": self.stamp.id,
-            "object": object,
-            "created": self.stamp.created,
-            "model": self.stamp.model,
-            "choices": choices,
-        });
-        if let (Some(usage), Some(map)) = (usage, v.as_object_mut()) {
-            map.insert("usage".into(), usage);
+    /// One chunk event: the stream's head, `choices`, then `extra` members.
+    fn write_envelope(&self, choices: &[Value], extra: &[(&str, &Value)], out: &mut Vec<u8>) {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(b",\"choices\":");
+        let mut written = serde_json::to_writer(&mut *out, choices);
+        for (key, value) in extra {
+            out.push(b',');
+            written = written
+                .and_then(|()| serde_json::to_writer(&mut *out, key))
+                .map(|()| out.push(b':'))
+                .and_then(|()| serde_json::to_writer(&mut *out, value));
         }
-        v
+        if written.is_err() {
+            // Writing to a Vec fails only on a map with non-string keys,
+            // which a parsed Value cannot hold.
+            log::error!("waygate: a stream chunk could not be encoded");
+        }
+        out.extend_from_slice(b"}\n\n");
     }
+}
+
+/// The members every chunk of one stream starts with, as JSON.
+fn chunk_head(stamp: &Stamp) -> Vec<u8> {
+    let object = match stamp.op {
+        Operation::Chat => "chat.completion.chunk",
+        Operation::Completions => "text_completion",
+    };
+    let head = json!({"id": stamp.id, "object": object, "created": stamp.created, "model": stamp.model});
+    let mut bytes = serde_json::to_vec(&head).unwrap_or_default();
+    bytes.pop(); // the closing brace: choices and extras follow
+    bytes
 }
 
 /// The shortest start of the secret held back at the end of a delta; a
@@ -369,12 +385,6 @@ fn ends_with_across(a: &str, b: &str, suffix: &str) -> bool {
     match suffix.len().checked_sub(b.len()) {
         None => b.ends_with(suffix),
         Some(from_a) => suffix.get(from_a..) == Some(b) && suffix.get(..from_a).is_some_and(|start| a.ends_with(start)),
-    }
-}
-
-fn write_json(out: &mut Vec<u8>, value: &Value) {
-    if let Ok(bytes) = serde_json::to_vec(value) {
-        write_data(out, &bytes);
     }
 }
 

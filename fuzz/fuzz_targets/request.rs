@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(r.body.get("model").and_then(Value::as_str), Some(r.model.as_str()));
                 let again = serde_json::to_vec(&Value::Object(r.body.clone())).unwrap();
                 let reparsed = request::parse(op, &again).expect("an accepted body, re-encoded, is accepted");
-                assert_eq!(reparsed, r);
+                assert_eq!(reparsed.body, r.body);
             }
             Err(e) => {
                 check_api_error(&e);

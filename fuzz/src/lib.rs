@@ -470,6 +470,21 @@ pub fn check_answer(api: Api, data: &[u8]) {
     let first = providers::translate_answer(api, &request, body);
     let again = providers::translate_answer(api, &request, body);
     assert_eq!(first, again, "translation is deterministic");
+    if api == Api::Openai && request.op == Operation::Chat {
+        // The byte-level fast path agrees with the DOM path: same verdict,
+        // and the same answer once both are parsed.
+        let fast = providers::openai::finish_chat(&stamp(request.op), body);
+        match (&first, &fast) {
+            (Ok((answer, usage)), Ok((bytes, fast_usage))) => {
+                assert_eq!(usage, fast_usage);
+                let slow = waygate::answer::finish(&stamp(request.op), answer.clone(), *usage);
+                let fast: Value = serde_json::from_slice(bytes).expect("the fast path writes JSON");
+                assert_eq!(slow, fast);
+            }
+            (Err(_), Err(_)) => {}
+            _ => panic!("the fast and DOM paths disagree: {first:?} / {fast:?}"),
+        }
+    }
     let (answer, usage) = match first {
         Ok(ok) => ok,
         Err(why) => {

@@ -6,8 +6,10 @@
 use serde_json::{Map, Value, json};
 
 use super::{ErrorDetails, StreamItem, StreamTranslator, UpstreamRequest};
+use crate::answer::Stamp;
 use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
+use crate::members::{Members, ObjectWriter};
 use crate::request::{Operation, ParsedRequest};
 use crate::sse::SseEvent;
 use crate::usage::Usage;
@@ -21,31 +23,52 @@ pub fn build_request(
     upstream_model: &str,
     routing_field: &str,
 ) -> Result<UpstreamRequest, ApiError> {
-    let mut body: Map<String, Value> = request.body.clone();
-    body.remove(routing_field);
-    body.insert("model".into(), Value::String(upstream_model.to_string()));
     let native_legacy = request.op == Operation::Completions && provider.legacy_completions;
-    let path = if request.op == Operation::Chat || native_legacy {
-        if native_legacy {
+    let (path, body) = if request.op == Operation::Chat || native_legacy {
+        let path = if native_legacy {
             "/completions"
         } else {
             "/chat/completions"
-        }
+        };
+        (path, passthrough_body(request, upstream_model, routing_field)?)
     } else {
+        let mut body: Map<String, Value> = request.body.clone();
+        body.remove(routing_field);
+        body.insert("model".into(), Value::String(upstream_model.to_string()));
         legacy_to_chat(&mut body)?;
-        "/chat/completions"
+        if request.stream {
+            body.insert("stream_options".into(), json!({"include_usage": true}));
+        }
+        let body = serde_json::to_vec(&Value::Object(body)).map_err(|_| internal())?;
+        ("/chat/completions", body)
     };
-    if request.stream {
-        // Usage is asked for either way: limits and the access log need it.
-        body.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    let body = serde_json::to_vec(&Value::Object(body)).map_err(|_| internal())?;
     let credential = provider.credential.as_deref().unwrap_or_default();
     Ok(UpstreamRequest {
         path: format!("{}{}", provider.path_prefix, path),
         headers: vec![("authorization".into(), format!("Bearer {credential}"))],
         body,
     })
+}
+
+/// The client's body as it came, with the model renamed, the routing field
+/// removed and, in a stream, usage asked for (limits and the access log need
+/// it). Every other member is copied byte for byte.
+fn passthrough_body(request: &ParsedRequest, upstream_model: &str, routing_field: &str) -> Result<Vec<u8>, ApiError> {
+    let members = Members::parse(&request.raw).map_err(|_| internal())?;
+    let mut body = Vec::with_capacity(request.raw.len().saturating_add(64));
+    let mut w = ObjectWriter::new(&mut body);
+    for (name, value) in &members.0 {
+        let replaced = name == "model" || (request.stream && name == "stream_options");
+        if !replaced && name != routing_field {
+            w.raw(name, value.get());
+        }
+    }
+    w.string("model", upstream_model);
+    if request.stream {
+        w.raw("stream_options", r#"{"include_usage":true}"#);
+    }
+    w.finish();
+    Ok(body)
 }
 
 fn legacy_to_chat(body: &mut Map<String, Value>) -> Result<(), ApiError> {
@@ -84,6 +107,40 @@ pub fn translate_answer(_request: &ParsedRequest, body: &[u8]) -> Result<(Value,
     }
     let usage = Usage::from_openai(value.get("usage")).unwrap_or_default();
     Ok((value, usage))
+}
+
+/// A provider's 2xx chat answer, finished for the client (as
+/// [`crate::answer::finish`] would) by editing only its top-level members:
+/// our id, the client's model, `object`, `created` kept when given, usage
+/// always present. `Err` is the reason the body is not a valid answer.
+pub fn finish_chat(stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), String> {
+    let members = Members::parse(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    if !members.get("choices").is_some_and(|c| c.get().starts_with('[')) {
+        return Err("answer has no 'choices' array".into());
+    }
+    let usage = members
+        .get("usage")
+        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+        .and_then(|v| Usage::from_openai(Some(&v)))
+        .unwrap_or_default();
+    let created = members
+        .get("created")
+        .and_then(|raw| raw.get().parse::<u64>().ok())
+        .unwrap_or(stamp.created);
+    let mut out = Vec::with_capacity(body.len().saturating_add(64));
+    let mut w = ObjectWriter::new(&mut out);
+    w.string("id", &stamp.id);
+    w.string("object", "chat.completion");
+    w.number("created", created);
+    w.string("model", &stamp.model);
+    for (name, value) in &members.0 {
+        if !matches!(name.as_ref(), "id" | "object" | "created" | "model" | "usage") {
+            w.raw(name, value.get());
+        }
+    }
+    w.value("usage", &usage.to_json());
+    w.finish();
+    Ok((out, usage))
 }
 
 /// OpenAI's stream: JSON chunks, usage on a chunk of its own, `[DONE]` last.

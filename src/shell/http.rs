@@ -32,8 +32,11 @@ pub struct Stream {
     usage_published: bool,
     /// A non-streaming answer so far. Held here, not in Envoy's buffer, so
     /// that its size limit is ours and an oversize answer gets the
-    /// contract's 502 rather than Envoy's plain-text 500.
-    answer: Vec<u8>,
+    /// contract's 502 rather than Envoy's plain-text 500. Kept as the chunks
+    /// that came, so that growing it never needs one large reallocation
+    /// (a VM's memory never shrinks).
+    answer: Vec<Vec<u8>>,
+    answer_len: usize,
     /// When the request went upstream, its first answer byte, its end.
     forwarded_ns: Option<u64>,
     first_byte_ns: Option<u64>,
@@ -48,6 +51,7 @@ impl Stream {
             started_ns: host::now_nanos(),
             usage_published: false,
             answer: Vec::new(),
+            answer_len: 0,
             forwarded_ns: None,
             first_byte_ns: None,
             done_ns: None,
@@ -120,6 +124,19 @@ impl Stream {
             headers,
             body: rewrite.body.clone(),
         })
+    }
+
+    /// The held answer followed by its `last` chunk, in one allocation.
+    fn whole_answer(&mut self, last: Vec<u8>) -> Vec<u8> {
+        if self.answer.is_empty() {
+            return last;
+        }
+        let mut body = Vec::with_capacity(self.answer_len.saturating_add(last.len()));
+        for chunk in self.answer.drain(..) {
+            body.extend_from_slice(&chunk);
+        }
+        body.extend_from_slice(&last);
+        body
     }
 
     /// Sends fallback calls until one is dispatched, or the answer is final.
@@ -400,25 +417,20 @@ impl HttpContext for Stream {
                     Ok(chunk) => chunk,
                     Err(status) => return self.internal_error("reading the response body", status),
                 };
-                if self.answer.len().saturating_add(chunk.len()) > MAX_ANSWER_BYTES {
+                self.answer_len = self.answer_len.saturating_add(chunk.len());
+                if self.answer_len > MAX_ANSWER_BYTES {
                     self.answer = Vec::new();
                     let rewrite = self.exchange.on_buffered_too_large();
                     return self.reply_with(&rewrite);
                 }
                 if !end_of_stream {
-                    self.answer.extend_from_slice(&chunk);
+                    self.answer.push(chunk);
                     if let Err(status) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &[]) {
                         return self.internal_error("draining the response body", status);
                     }
                     return Action::Pause;
                 }
-                let body = if self.answer.is_empty() {
-                    chunk
-                } else {
-                    let mut body = std::mem::take(&mut self.answer);
-                    body.extend_from_slice(&chunk);
-                    body
-                };
+                let body = self.whole_answer(chunk);
                 let rewrite = self.exchange.on_buffered_body(&body);
                 self.response = Response::Untouched;
                 self.publish_usage();
@@ -441,12 +453,12 @@ impl HttpContext for Stream {
             }
             Response::Buffering => {
                 let rest = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
-                let mut body = std::mem::take(&mut self.answer);
-                body.extend_from_slice(&rest);
+                let rest_len = rest.len();
+                let body = self.whole_answer(rest);
                 let rewrite = self.exchange.on_buffered_body(&body);
                 self.response = Response::Untouched;
                 self.publish_usage();
-                self.apply_rewrite(&rewrite, rest.len())
+                self.apply_rewrite(&rewrite, rest_len)
             }
             Response::Calling => Action::Pause,
             Response::Untouched | Response::Expected => Action::Continue,

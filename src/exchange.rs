@@ -659,7 +659,8 @@ impl Exchange {
 
     /// A chunk of a live stream; returns the bytes that replace it.
     pub fn on_stream_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Vec<u8> {
-        let mut out = Vec::new();
+        // Chunks come out about as large as they went in.
+        let mut out = Vec::with_capacity(chunk.len().saturating_add(128));
         if let Some(stream) = self.stream.as_mut() {
             stream.push(chunk, &mut out);
             if end_of_stream {

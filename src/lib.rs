@@ -33,6 +33,7 @@ pub mod providers;
 pub mod redact;
 pub mod request;
 pub mod routing;
+pub mod scan;
 pub mod sse;
 pub mod stream;
 pub mod usage;

@@ -20,6 +20,11 @@ impl<'a> Members<'a> {
         serde_json::from_slice(bytes)
     }
 
+    /// [`Members::parse`] on text already known to be UTF-8 (not checked again).
+    pub fn parse_str(text: &'a str) -> Result<Members<'a>, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
     /// The value named `name`; the last one when a name repeats, as in
     /// serde_json's DOM (so validation and rewrite agree).
     pub fn get(&self, name: &str) -> Option<&'a RawValue> {
@@ -82,18 +87,31 @@ impl<'o> ObjectWriter<'o> {
     }
 
     fn name(&mut self, name: &str) {
+        self.comma();
+        write_string(self.out, name);
+        self.out.push(b':');
+    }
+
+    fn comma(&mut self) {
         if !self.empty {
             self.out.push(b',');
         }
         self.empty = false;
-        write_string(self.out, name);
-        self.out.push(b':');
     }
 
     /// A member whose value is already JSON.
     pub fn raw(&mut self, name: &str, json: &str) {
         self.name(name);
         self.out.extend_from_slice(json.as_bytes());
+    }
+
+    /// A member copied from [`Members`]: name and value as they came.
+    #[allow(clippy::ptr_arg)] // whether the name is borrowed is the point
+    pub fn member(&mut self, name: &Cow<'_, str>, value: &RawValue) {
+        self.comma();
+        write_name(self.out, name);
+        self.out.push(b':');
+        self.out.extend_from_slice(value.get().as_bytes());
     }
 
     pub fn string(&mut self, name: &str, value: &str) {
@@ -117,6 +135,21 @@ impl<'o> ObjectWriter<'o> {
 
     pub fn finish(self) {
         self.out.push(b'}');
+    }
+}
+
+/// Appends a member name from [`Members`] as a JSON string. A borrowed name
+/// is the input's own text between its quotes, free of escapes, so it is
+/// copied as it is; only a name that had escapes is encoded again.
+#[allow(clippy::ptr_arg)] // whether the name is borrowed is the point
+pub fn write_name(out: &mut Vec<u8>, name: &Cow<'_, str>) {
+    match name {
+        Cow::Borrowed(text) => {
+            out.push(b'"');
+            out.extend_from_slice(text.as_bytes());
+            out.push(b'"');
+        }
+        Cow::Owned(text) => write_string(out, text),
     }
 }
 
@@ -161,9 +194,16 @@ mod tests {
         w.number("n", 7);
         w.raw("r", "[1,{}]");
         w.value("v", &json!({"k": null}));
+        let m = Members::parse(br#"{"plain":1,"esc\"aped\u0041":[2]}"#).unwrap();
+        for (name, value) in &m.0 {
+            w.member(name, value);
+        }
         w.finish();
         let v: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v, json!({"id": "a\"b", "n": 7, "r": [1, {}], "v": {"k": null}}));
+        assert_eq!(
+            v,
+            json!({"id": "a\"b", "n": 7, "r": [1, {}], "v": {"k": null}, "plain": 1, "esc\"apedA": [2]})
+        );
         let mut out = Vec::new();
         ObjectWriter::new(&mut out).finish();
         assert_eq!(out, b"{}");

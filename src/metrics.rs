@@ -51,18 +51,19 @@ pub struct Timing {
 
 /// Reduces a label value to characters that keep the stat name flat.
 pub fn label(value: &str) -> String {
-    let cleaned: String = value
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+    if value.is_empty() {
+        return "none".into();
+    }
+    // The usual case (ids and model names) is already clean.
+    if value.len() <= 64 && value.bytes().all(allowed) {
+        return value.to_string();
+    }
+    value
         .chars()
         .take(64)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if cleaned.is_empty() { "none".into() } else { cleaned }
+        .map(|c| if c.is_ascii() && allowed(c as u8) { c } else { '_' })
+        .collect()
 }
 
 fn counter(name: String, value: u64) -> Update {
@@ -81,52 +82,72 @@ fn histogram(name: String, value: u64) -> Update {
     }
 }
 
+/// A stat name from its dot-separated parts. Built by hand: this runs for
+/// every request, and `format!` costs more than the stat update in wasm.
+fn stat(parts: &[&str]) -> String {
+    let len = parts.iter().map(|p| p.len().saturating_add(1)).sum();
+    let mut name = String::with_capacity(len);
+    for part in parts {
+        if !name.is_empty() {
+            name.push('.');
+        }
+        name.push_str(part);
+    }
+    name
+}
+
 /// Every stat change for one finished request. Counters with a zero
 /// increment are left out (Envoy refuses them).
 pub fn updates(s: &Summary<'_>, t: Timing) -> Vec<Update> {
     let provider = label(s.provider.unwrap_or("none"));
-    let class = match s.status {
-        0 => "none".to_string(),
-        n => format!("{}xx", n / 100),
+    let provider = provider.as_str();
+    let class = match s.status / 100 {
+        0 => "none",
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
     };
-    let mut out = vec![counter(format!("waygate.requests.{provider}.{class}"), 1)];
+    let mut out = Vec::with_capacity(8);
+    out.push(counter(stat(&["waygate.requests", provider, class]), 1));
     for (p, outcome) in &s.attempts {
-        out.push(counter(format!("waygate.attempts.{}.{}", label(p), label(outcome)), 1));
+        out.push(counter(stat(&["waygate.attempts", &label(p), &label(outcome)]), 1));
     }
     if s.attempts.len() > 1 {
         out.push(counter(
-            format!("waygate.fallbacks.{provider}"),
+            stat(&["waygate.fallbacks", provider]),
             (s.attempts.len() - 1) as u64,
         ));
     }
     if let Some(code) = s.error_code {
-        out.push(counter(format!("waygate.errors.{}", label(code)), 1));
+        out.push(counter(stat(&["waygate.errors", &label(code)]), 1));
     }
     if let Some(u) = s.usage {
         let model = label(s.model.unwrap_or("none"));
         if u.prompt_tokens > 0 {
             out.push(counter(
-                format!("waygate.tokens.prompt.{provider}.{model}"),
+                stat(&["waygate.tokens.prompt", provider, &model]),
                 u.prompt_tokens,
             ));
         }
         if u.completion_tokens > 0 {
             out.push(counter(
-                format!("waygate.tokens.completion.{provider}.{model}"),
+                stat(&["waygate.tokens.completion", provider, &model]),
                 u.completion_tokens,
             ));
         }
         if let Some(key) = s.key
             && u.total() > 0
         {
-            out.push(counter(format!("waygate.tokens.key.{}", label(key)), u.total()));
+            out.push(counter(stat(&["waygate.tokens.key", &label(key)]), u.total()));
         }
     }
     if let Some(ms) = t.upstream_ms {
-        out.push(histogram(format!("waygate.upstream_duration_ms.{provider}"), ms));
+        out.push(histogram(stat(&["waygate.upstream_duration_ms", provider]), ms));
     }
     if let Some(ms) = t.first_byte_ms {
-        out.push(histogram(format!("waygate.time_to_first_token_ms.{provider}"), ms));
+        out.push(histogram(stat(&["waygate.time_to_first_token_ms", provider]), ms));
     }
     out
 }

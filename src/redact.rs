@@ -8,6 +8,8 @@
 //! [`crate::stream::StreamRewriter::redacting`], which also catches a
 //! credential split across deltas).
 
+use crate::scan;
+
 /// What a scrubbed credential becomes.
 pub const REDACTED: &str = "[redacted]";
 
@@ -62,7 +64,7 @@ pub fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
     let (&first, rest) = needle.split_first()?;
     let mut start = from;
     while let Some(tail) = haystack.get(start..) {
-        let offset = position_of(tail, first)?;
+        let offset = scan::position_of(tail, first)?;
         let at = start.saturating_add(offset);
         let after = at.saturating_add(1);
         if haystack.get(after..after.saturating_add(rest.len())) == Some(rest) {
@@ -71,27 +73,6 @@ pub fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
         start = after;
     }
     None
-}
-
-/// The first `byte` in `bytes`. Every answer and stream event is scanned
-/// for each credential, so this looks at eight bytes per step (wasm has
-/// 64-bit integers but no SIMD here): a word holds `byte` when its XOR with
-/// `byte` repeated has a zero byte.
-fn position_of(bytes: &[u8], byte: u8) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let pattern = ONES.wrapping_mul(u64::from(byte));
-    let mut clear = 0usize;
-    for word in bytes.chunks_exact(8) {
-        let Ok(word) = <[u8; 8]>::try_from(word) else { break };
-        let x = u64::from_le_bytes(word) ^ pattern;
-        if x.wrapping_sub(ONES) & !x & HIGHS != 0 {
-            break;
-        }
-        clear = clear.saturating_add(8);
-    }
-    let offset = bytes.get(clear..)?.iter().position(|b| *b == byte)?;
-    Some(clear.saturating_add(offset))
 }
 
 #[cfg(test)]

@@ -204,65 +204,67 @@ fn validate_messages(body: &Map<String, Value>) -> Result<(), ApiError> {
         return Err(bad_value("messages", "must contain at least one message"));
     }
     for (i, message) in messages.iter().enumerate() {
-        let at = format!("messages.{i}");
+        // Named only when something is wrong: formatting every path would
+        // cost more than checking the message.
+        let at = || format!("messages.{i}");
         let Value::Object(m) = message else {
-            return Err(wrong_type(&at, "an object"));
+            return Err(wrong_type(&at(), "an object"));
         };
         let role = match m.get("role") {
-            None | Some(Value::Null) => return Err(missing(&format!("{at}.role"))),
+            None | Some(Value::Null) => return Err(missing(&format!("{}.role", at()))),
             Some(Value::String(r)) => r.as_str(),
-            Some(_) => return Err(wrong_type(&format!("{at}.role"), "a string")),
+            Some(_) => return Err(wrong_type(&format!("{}.role", at()), "a string")),
         };
         if !ROLES.contains(&role) {
             return Err(bad_value(
-                &format!("{at}.role"),
+                &format!("{}.role", at()),
                 "must be one of 'system', 'developer', 'user', 'assistant', 'tool'",
             ));
         }
         let has_tool_calls = matches!(m.get("tool_calls"), Some(Value::Array(calls)) if !calls.is_empty());
         match m.get("content") {
             None | Some(Value::Null) if role == "assistant" && has_tool_calls => {}
-            None | Some(Value::Null) => return Err(missing(&format!("{at}.content"))),
+            None | Some(Value::Null) => return Err(missing(&format!("{}.content", at()))),
             Some(Value::String(_)) => {}
             Some(Value::Array(parts)) => validate_parts(&at, parts)?,
             Some(_) => {
                 return Err(wrong_type(
-                    &format!("{at}.content"),
+                    &format!("{}.content", at()),
                     "a string or an array of content parts",
                 ));
             }
         }
         if role == "tool" && !matches!(m.get("tool_call_id"), Some(Value::String(_))) {
-            return Err(missing(&format!("{at}.tool_call_id")));
+            return Err(missing(&format!("{}.tool_call_id", at())));
         }
         match m.get("tool_calls") {
             None | Some(Value::Null) | Some(Value::Array(_)) => {}
-            Some(_) => return Err(wrong_type(&format!("{at}.tool_calls"), "an array")),
+            Some(_) => return Err(wrong_type(&format!("{}.tool_calls", at()), "an array")),
         }
     }
     Ok(())
 }
 
-fn validate_parts(at: &str, parts: &[Value]) -> Result<(), ApiError> {
+fn validate_parts(message: &dyn Fn() -> String, parts: &[Value]) -> Result<(), ApiError> {
     for (j, part) in parts.iter().enumerate() {
-        let at = format!("{at}.content.{j}");
+        let at = || format!("{}.content.{j}", message());
         let Value::Object(p) = part else {
-            return Err(wrong_type(&at, "an object"));
+            return Err(wrong_type(&at(), "an object"));
         };
         match p.get("type").and_then(Value::as_str) {
             Some("text") => {
                 if !matches!(p.get("text"), Some(Value::String(_))) {
-                    return Err(wrong_type(&format!("{at}.text"), "a string"));
+                    return Err(wrong_type(&format!("{}.text", at()), "a string"));
                 }
             }
             Some("image_url") => match p.get("image_url") {
                 Some(Value::Object(img)) if matches!(img.get("url"), Some(Value::String(_))) => {}
-                Some(Value::Object(_)) => return Err(missing(&format!("{at}.image_url.url"))),
-                None => return Err(missing(&format!("{at}.image_url"))),
-                Some(_) => return Err(wrong_type(&format!("{at}.image_url"), "an object")),
+                Some(Value::Object(_)) => return Err(missing(&format!("{}.image_url.url", at()))),
+                None => return Err(missing(&format!("{}.image_url", at()))),
+                Some(_) => return Err(wrong_type(&format!("{}.image_url", at()), "an object")),
             },
-            Some(_) => return Err(bad_value(&format!("{at}.type"), "must be 'text' or 'image_url'")),
-            None => return Err(missing(&format!("{at}.type"))),
+            Some(_) => return Err(bad_value(&format!("{}.type", at()), "must be 'text' or 'image_url'")),
+            None => return Err(missing(&format!("{}.type", at()))),
         }
     }
     Ok(())

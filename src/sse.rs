@@ -7,6 +7,8 @@
 //! being assembled is capped, so an upstream that never ends a line cannot
 //! grow memory without bound.
 
+use crate::scan;
+
 /// One dispatched event: its `event:` name, if any, and its joined `data:`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseEvent {
@@ -64,7 +66,7 @@ impl SseDecoder {
             self.after_cr = false;
         }
         while !chunk.is_empty() {
-            match chunk.iter().position(|b| *b == b'\n' || *b == b'\r') {
+            match scan::position_of_either(chunk, b'\n', b'\r') {
                 None => {
                     self.line.extend_from_slice(chunk);
                     self.check_len()?;
@@ -136,7 +138,12 @@ impl SseDecoder {
                 if self.has_data {
                     self.data.push('\n');
                 }
-                self.data.push_str(&String::from_utf8_lossy(value));
+                // from_utf8 checks ASCII a word at a time; lossy decoding only
+                // when it must replace something.
+                match std::str::from_utf8(value) {
+                    Ok(text) => self.data.push_str(text),
+                    Err(_) => self.data.push_str(&String::from_utf8_lossy(value)),
+                }
                 self.has_data = true;
                 if self.data.len() > self.limit {
                     return Err(SseError::TooLong { limit: self.limit });
@@ -151,9 +158,12 @@ impl SseDecoder {
 
     fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
         if self.has_data {
+            // Sized like this event: the next is likely similar, and one
+            // allocation beats growing from nothing every event.
+            let next = String::with_capacity(self.data.len().min(64 * 1024));
             out.push(SseEvent {
                 event: self.event.take(),
-                data: std::mem::take(&mut self.data),
+                data: std::mem::replace(&mut self.data, next),
             });
         }
         self.event = None;

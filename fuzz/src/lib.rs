@@ -212,12 +212,41 @@ pub fn check_stream_target(api: Api, data: &[u8]) {
         );
     }
     check_client_stream(&whole, request.op, true, Some(&stamp(request.op)));
+    if api == Api::Openai {
+        // The copy path for OpenAI chunks agrees with the translator's path.
+        let mut reference = StreamRewriter::new(Box::new(Translated), stamp(request.op), request.include_usage);
+        if redact {
+            reference = reference.redacting(STREAM_SECRET);
+        }
+        let mut out = Vec::new();
+        reference.push(payload, &mut out);
+        reference.finish(&mut out);
+        assert_eq!(events_as_json(&whole), events_as_json(&out), "copied and translated chunks differ");
+    }
     if redact {
         assert!(!contains(&whole, STREAM_SECRET.as_bytes()), "the secret in the stream");
         for text in stream_texts(&whole) {
             assert!(!text.contains(STREAM_SECRET), "the secret across deltas: {text:?}");
         }
     }
+}
+
+/// OpenAI's translator without the copy path.
+struct Translated;
+
+impl StreamTranslator for Translated {
+    fn on_event(&mut self, event: &waygate::sse::SseEvent, items: &mut Vec<providers::StreamItem>) {
+        providers::openai::OpenAiStream.on_event(event, items);
+    }
+}
+
+/// A client stream's events, parsed where they are JSON.
+fn events_as_json(out: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(out)
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(|e| serde_json::from_str(e).unwrap_or_else(|_| Value::String(e.to_string())))
+        .collect()
 }
 
 /// Each choice's streamed text (content or legacy text), joined in order.

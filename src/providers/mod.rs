@@ -51,6 +51,12 @@ pub enum StreamItem {
 /// Translates provider SSE events.
 pub trait StreamTranslator {
     fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>);
+
+    /// Whether the events are OpenAI chat chunks already, which
+    /// [`crate::stream`] may copy member by member instead of translating.
+    fn passthrough(&self) -> bool {
+        false
+    }
 }
 
 /// A provider's error body, read: its string code and message, if any.

@@ -60,7 +60,7 @@ fn passthrough_body(request: &ParsedRequest, upstream_model: &str, routing_field
     for (name, value) in &members.0 {
         let replaced = name == "model" || (request.stream && name == "stream_options");
         if !replaced && name != routing_field {
-            w.raw(name, value.get());
+            w.member(name, value);
         }
     }
     w.string("model", upstream_model);
@@ -135,7 +135,7 @@ pub fn finish_chat(stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), Strin
     w.string("model", &stamp.model);
     for (name, value) in &members.0 {
         if !matches!(name.as_ref(), "id" | "object" | "created" | "model" | "usage") {
-            w.raw(name, value.get());
+            w.member(name, value);
         }
     }
     w.value("usage", &usage.to_json());
@@ -147,6 +147,10 @@ pub fn finish_chat(stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), Strin
 pub struct OpenAiStream;
 
 impl StreamTranslator for OpenAiStream {
+    fn passthrough(&self) -> bool {
+        true
+    }
+
     fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
         let data = event.data.trim();
         if data == "[DONE]" {

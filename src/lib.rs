@@ -17,7 +17,9 @@
 //!    Whatever came from a provider has its credential scrubbed ([`redact`]).
 //! 5. The access log line comes from [`exchange::Exchange::access_log`].
 //!
-//! [`config`] parses the plugin configuration once per VM.
+//! [`config`] parses the plugin configuration once per VM; [`memory`] is the
+//! VM's allocator (installed by the shell); [`members`] and [`scan`] serve
+//! the hot paths (targeted JSON rewrites, eight-bytes-at-a-time searches).
 
 pub mod answer;
 pub mod auth;
@@ -28,6 +30,7 @@ pub mod glob;
 pub mod ids;
 pub mod limits;
 pub mod members;
+pub mod memory;
 pub mod metrics;
 pub mod providers;
 pub mod redact;

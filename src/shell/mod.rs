@@ -12,6 +12,10 @@ mod host;
 mod http;
 mod root;
 
+/// Small blocks from size classes: see [`crate::memory`].
+#[global_allocator]
+static ALLOCATOR: crate::memory::SizeClasses = crate::memory::SizeClasses::new();
+
 proxy_wasm::main! {{
     // Also installs the SDK's panic hook, so a panic (there should be none)
     // is logged at critical before it traps.

@@ -232,7 +232,8 @@ impl StreamRewriter {
     /// An OpenAI chat chunk after the first, copied: the stream's own id,
     /// object, created and model, then the provider's `choices` and other
     /// members as they came. The same output as the translator's path up
-    /// to member order and number spelling, at a fraction of the cost: no
+    /// to member order and number spelling (and numbers past f64's range,
+    /// which it passes on where serde's DOM refuses them), at a fraction of the cost: no
     /// DOM is built unless the scrubber changes a delta. `false` leaves the
     /// event to the translator (the first chunk, `[DONE]`, usage, errors,
     /// anything unusual).

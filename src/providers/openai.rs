@@ -113,6 +113,8 @@ pub fn translate_answer(_request: &ParsedRequest, body: &[u8]) -> Result<(Value,
 /// [`crate::answer::finish`] would) by editing only its top-level members:
 /// our id, the client's model, `object`, `created` kept when given, usage
 /// always present. `Err` is the reason the body is not a valid answer.
+/// Everything else is passed on as written, also what is valid JSON but
+/// beyond serde's DOM (a number past f64's range, nesting deeper than 128).
 pub fn finish_chat(stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), String> {
     let members = Members::parse(body).map_err(|e| format!("body is not JSON: {e}"))?;
     if !members.get("choices").is_some_and(|c| c.get().starts_with('[')) {
@@ -267,6 +269,30 @@ mod tests {
             (e.code.as_str(), e.param.as_deref()),
             ("unsupported_parameter", Some("echo"))
         );
+    }
+
+    #[test]
+    fn answers_are_stamped_in_place_and_numbers_beyond_f64_pass_as_written() {
+        // Found by the `answer_openai` fuzz target: serde's DOM refuses `1E999`
+        // ("number out of range"); the stamping path passes it on, as the JSON it is.
+        let stamp = Stamp {
+            op: Operation::Chat,
+            id: "chatcmpl_X".into(),
+            model: "openai/gpt".into(),
+            created: 7,
+        };
+        let body = br#"{"id":"up","created":175E9117370,"choices":[{"index":0,"message":{"content":"hi"},"x":1E999}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+        let (out, usage) = finish_chat(&stamp, body).unwrap();
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens), (3, 1));
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.starts_with(r#"{"id":"chatcmpl_X","object":"chat.completion","created":7,"model":"openai/gpt","choices":[{"index":0,"#), "{out}");
+        assert!(out.contains(r#""x":1E999"#), "{out}");
+        assert!(
+            out.ends_with(r#""usage":{"completion_tokens":1,"prompt_tokens":3,"total_tokens":4}}"#),
+            "{out}"
+        );
+        assert!(finish_chat(&stamp, br#"{"choices":{}}"#).is_err());
+        assert!(finish_chat(&stamp, b"[]").is_err());
     }
 
     #[test]

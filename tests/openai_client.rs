@@ -8,8 +8,10 @@ mod common;
 
 use common::{DEV_KEY, Gateway, root};
 
-#[test]
-fn the_official_python_client_works_against_the_gateway() {
+/// Runs one of `tests/clients/` with the pinned client against a fresh
+/// gateway; the script asserts what it sees and ends by printing
+/// "all checks passed".
+fn run_client_script(script: &str) {
     let python = root().join("target/pyenv/bin/python");
     assert!(
         python.exists(),
@@ -19,7 +21,7 @@ fn the_official_python_client_works_against_the_gateway() {
     let gw = Gateway::start();
     let base_url = format!("http://{}/api/v1", gw.addr);
     let out = std::process::Command::new(python)
-        .arg(root().join("tests/clients/openai_client.py"))
+        .arg(root().join("tests/clients").join(script))
         .arg(&base_url)
         .arg(DEV_KEY)
         .output()
@@ -28,34 +30,18 @@ fn the_official_python_client_works_against_the_gateway() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "client failed:\n{stdout}\n{stderr}\n--- gateway log ---\n{}",
+        "{script} failed:\n{stdout}\n{stderr}\n--- gateway log ---\n{}",
         gw.logs()
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
 #[test]
+fn the_official_python_client_works_against_the_gateway() {
+    run_client_script("openai_client.py");
+}
+
+#[test]
 fn the_official_python_client_works_against_anthropic_and_gemini_backed_models() {
-    let python = root().join("target/pyenv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `make test` (it installs the OpenAI client)",
-        python.display()
-    );
-    let gw = Gateway::start();
-    let base_url = format!("http://{}/api/v1", gw.addr);
-    let out = std::process::Command::new(python)
-        .arg(root().join("tests/clients/openai_client_providers.py"))
-        .arg(&base_url)
-        .arg(DEV_KEY)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "client failed:\n{stdout}\n{stderr}\n--- gateway log ---\n{}",
-        gw.logs()
-    );
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    run_client_script("openai_client_providers.py");
 }

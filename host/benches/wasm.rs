@@ -16,7 +16,8 @@
 //!
 //! Inputs are the same as the native criterion bench: `benches/data/plugin.json`,
 //! `benches/data/chat_1k.json`, `tests/fixtures/*`. `WAYGATE_BENCH_WASM=<file>` measures
-//! another build of the filter; `WAYGATE_BENCH_PERFMAP=1` writes `/tmp/perf-<pid>.map`.
+//! another build of the filter; `WAYGATE_BENCH_PERFMAP=1` writes `/tmp/perf-<pid>.map`;
+//! `WAYGATE_BENCH_ONLY=sse` (or `requests`, `size`, comma-separated) runs only those parts.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -686,7 +687,9 @@ fn main() -> wasmtime::Result<()> {
     );
     let at_rest = probe.memory_bytes();
     drop(probe);
-    report_wasm_opt(&wasm_path, code.len());
+    if section("size") {
+        report_wasm_opt(&wasm_path, code.len());
+    }
 
     let cases = [
         (
@@ -715,7 +718,7 @@ fn main() -> wasmtime::Result<()> {
         cases[0].1.request_body.len()
     );
     let mut after_1000 = 0;
-    for (name, req) in &cases {
+    for (name, req) in cases.iter().filter(|_| section("requests")) {
         let mut guest = Guest::start(&engine, &module, &config, false)?;
         let mut phases = Phases::default();
         let answer = guest.buffered(&mut phases, req)?;
@@ -792,7 +795,7 @@ fn main() -> wasmtime::Result<()> {
         ),
     ];
     println!("SSE translation, recorded streams one event per on_response_body (response body phase only):");
-    for (name, req, path) in &streams {
+    for (name, req, path) in streams.iter().filter(|_| section("sse")) {
         let chunks = events(path);
         let bytes: usize = chunks.iter().map(Vec::len).sum();
         let mut guest = Guest::start(&engine, &module, &config, false)?;
@@ -836,6 +839,12 @@ fn main() -> wasmtime::Result<()> {
         after_1000 / 1024
     );
     Ok(())
+}
+
+/// Whether to run a section: all of them, or those named in `WAYGATE_BENCH_ONLY`
+/// (`size`, `requests`, `sse`), e.g. to profile one with `perf`.
+fn section(name: &str) -> bool {
+    std::env::var("WAYGATE_BENCH_ONLY").map_or(true, |only| only.split(',').any(|s| s.trim() == name))
 }
 
 /// The size after `wasm-opt -Oz` (binaryen), when it is installed.

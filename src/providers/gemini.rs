@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::chat::{self, ImageSource, Message, Part, ResponseFormat, ToolChoice};
-use super::openai::interrupted;
+use super::openai::{interrupted, json_event};
 use super::{ErrorDetails, StreamItem, StreamTranslator, UpstreamRequest};
 use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
@@ -588,20 +588,10 @@ impl GeminiStream {
 
 impl StreamTranslator for GeminiStream {
     fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
-        let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
-            items.push(StreamItem::Error(interrupted(
-                "The provider sent an event that is not JSON.",
-            )));
-            return;
+        let value = match json_event(&event.data) {
+            Ok(value) => value,
+            Err(error) => return items.push(StreamItem::Error(error)),
         };
-        if let Some(error) = value.get("error") {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("The provider reported an error.");
-            items.push(StreamItem::Error(interrupted(message)));
-            return;
-        }
         let Ok(response) = serde_json::from_value::<WireResponse>(value) else {
             items.push(StreamItem::Error(interrupted(
                 "The provider sent a chunk that is not a Gemini response.",

@@ -159,20 +159,10 @@ impl StreamTranslator for OpenAiStream {
             items.push(StreamItem::Done);
             return;
         }
-        let Ok(value) = serde_json::from_str::<Value>(data) else {
-            items.push(StreamItem::Error(interrupted(
-                "The provider sent an event that is not JSON.",
-            )));
-            return;
+        let value = match json_event(data) {
+            Ok(value) => value,
+            Err(error) => return items.push(StreamItem::Error(error)),
         };
-        if let Some(error) = value.get("error") {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("The provider reported an error.");
-            items.push(StreamItem::Error(interrupted(message)));
-            return;
-        }
         if let Some(usage) = Usage::from_openai(value.get("usage")) {
             items.push(StreamItem::Usage(usage));
         }
@@ -184,6 +174,23 @@ impl StreamTranslator for OpenAiStream {
             ))),
         }
     }
+}
+
+/// One event's JSON, or the error event it calls for: not JSON, or the
+/// provider's own `{"error": {"message": ...}}` (OpenAI and Gemini both send
+/// that shape mid-stream).
+pub fn json_event(data: &str) -> Result<Value, ApiError> {
+    let Ok(value) = serde_json::from_str::<Value>(data) else {
+        return Err(interrupted("The provider sent an event that is not JSON."));
+    };
+    if let Some(error) = value.get("error") {
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("The provider reported an error.");
+        return Err(interrupted(message));
+    }
+    Ok(value)
 }
 
 /// The contract's mid-stream failure (§6).

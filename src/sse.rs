@@ -74,9 +74,17 @@ impl SseDecoder {
                 }
                 Some(at) => {
                     let (head, tail) = chunk.split_at(at);
-                    self.line.extend_from_slice(head);
-                    self.check_len()?;
-                    self.end_line(out)?;
+                    if self.line.is_empty() {
+                        // The whole line is in this chunk: read it in place.
+                        if head.len() > self.limit {
+                            return Err(SseError::TooLong { limit: self.limit });
+                        }
+                        self.line_done(head, out)?;
+                    } else {
+                        self.line.extend_from_slice(head);
+                        self.check_len()?;
+                        self.end_line(out)?;
+                    }
                     let (terminator, rest) = tail.split_first().map_or((b'\n', &[][..]), |(t, r)| (*t, r));
                     chunk = rest;
                     if terminator == b'\r' {
@@ -115,14 +123,21 @@ impl SseDecoder {
         Ok(())
     }
 
+    /// The line held across chunks is complete.
     fn end_line(&mut self, out: &mut Vec<SseEvent>) -> Result<(), SseError> {
         let line = std::mem::take(&mut self.line);
+        let done = self.line_done(&line, out);
+        self.line = reuse(line);
+        done
+    }
+
+    /// One complete line, without its terminator.
+    fn line_done(&mut self, line: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseError> {
         if line.is_empty() {
             self.dispatch(out);
             return Ok(());
         }
         if line.first() == Some(&b':') {
-            self.line = reuse(line);
             return Ok(());
         }
         let (name, value) = match line.iter().position(|b| *b == b':') {
@@ -131,7 +146,7 @@ impl SseDecoder {
                 let value = rest.get(1..).unwrap_or(&[]);
                 (name, value.strip_prefix(b" ").unwrap_or(value))
             }
-            None => (&line[..], &[][..]),
+            None => (line, &[][..]),
         };
         match name {
             b"data" => {
@@ -152,7 +167,6 @@ impl SseDecoder {
             b"event" => self.event = Some(String::from_utf8_lossy(value).into_owned()),
             _ => {} // id, retry and unknown fields do not matter to a translator.
         }
-        self.line = reuse(line);
         Ok(())
     }
 

@@ -244,10 +244,17 @@ impl StreamRewriter {
         let Ok(members) = Members::parse_str(data) else {
             return false;
         };
-        if members.get("error").is_some() || members.get("usage").is_some_and(|u| u.get() != "null") {
-            return false;
+        // One pass over the names (an error or a usage anywhere: the translator's).
+        let mut choices = None;
+        for (name, value) in &members.0 {
+            match name.as_ref() {
+                "error" => return false,
+                "usage" if value.get() != "null" => return false,
+                "choices" => choices = Some(*value),
+                _ => {}
+            }
         }
-        let Some(choices) = members.get("choices") else {
+        let Some(choices) = choices else {
             return false;
         };
         let Ok(views) = serde_json::from_str::<Vec<ChoiceView>>(choices.get()) else {

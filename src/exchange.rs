@@ -217,17 +217,23 @@ impl Exchange {
 
     /// Request headers, as lowercase name / raw value pairs (pseudo-headers
     /// included). `end_of_stream`: the request has no body.
-    pub fn on_request_headers(&mut self, pairs: &[(Vec<u8>, Vec<u8>)], end_of_stream: bool) -> HeadersStep {
+    pub fn on_request_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &mut self,
+        pairs: &[(K, V)],
+        end_of_stream: bool,
+    ) -> HeadersStep {
         let cfg = Rc::clone(&self.config);
         let header = |name: &str| {
             pairs
                 .iter()
-                .find(|(k, _)| k.as_slice() == name.as_bytes())
-                .map(|(_, v)| v.as_slice())
+                .find(|(k, _)| k.as_ref() == name.as_bytes())
+                .map(|(_, v)| v.as_ref())
         };
         let mut remove: Vec<String> = Vec::new();
         for (name, _) in pairs {
-            let Ok(name) = std::str::from_utf8(name) else { continue };
+            let Ok(name) = std::str::from_utf8(name.as_ref()) else {
+                continue;
+            };
             if (name.starts_with("x-waygate-") || name == cfg.cluster_header) && !remove.iter().any(|r| r == name) {
                 remove.push(name.to_string());
             }
@@ -453,8 +459,17 @@ impl Exchange {
             ("x-envoy-upstream-rq-timeout-ms".into(), provider.timeout_ms.to_string()),
         ];
         set.extend(upstream.headers);
-        let mut remove: Vec<String> = HOP_HEADERS_TO_DROP.iter().map(|h| h.to_string()).collect();
-        remove.extend(self.key_headers.iter().cloned());
+        // Setting a header replaces it: removing one that is set anyway
+        // (content-length, and authorization for OpenAI's API) is a wasted host call.
+        let mut remove: Vec<String> = Vec::new();
+        for name in HOP_HEADERS_TO_DROP
+            .into_iter()
+            .chain(self.key_headers.iter().map(String::as_str))
+        {
+            if !set.iter().any(|(k, _)| k == name) && !remove.iter().any(|r| r == name) {
+                remove.push(name.to_string());
+            }
+        }
         Forward {
             remove,
             set,
@@ -544,22 +559,27 @@ impl Exchange {
     /// Upstream response headers whose values carry the credential of a
     /// provider this request was sent to, with it scrubbed: the name and the
     /// value to set in place of every value of that name (joined with `, `).
-    pub fn scrub_headers(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Vec<Header> {
+    pub fn scrub_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, pairs: &[(K, V)]) -> Vec<Header> {
         let secrets = self.sent_credentials();
         let mut scrubbed: Vec<Header> = Vec::new();
         for (name, value) in pairs {
-            if !secrets.iter().any(|s| redact::find(value, s.as_bytes(), 0).is_some()) {
+            if !secrets
+                .iter()
+                .any(|s| redact::find(value.as_ref(), s.as_bytes(), 0).is_some())
+            {
                 continue;
             }
-            let Ok(name) = std::str::from_utf8(name) else { continue };
+            let Ok(name) = std::str::from_utf8(name.as_ref()) else {
+                continue;
+            };
             if name.starts_with(':') || scrubbed.iter().any(|(n, _)| n == name) {
                 continue;
             }
             let values: Vec<String> = pairs
                 .iter()
-                .filter(|(n, _)| n.as_slice() == name.as_bytes())
+                .filter(|(n, _)| n.as_ref() == name.as_bytes())
                 .map(|(_, v)| {
-                    let mut v = v.clone();
+                    let mut v = v.as_ref().to_vec();
                     self.redact(&mut v);
                     String::from_utf8_lossy(&v).into_owned()
                 })
@@ -836,12 +856,7 @@ impl Exchange {
             headers.push(("x-waygate-provider".to_string(), p.id.clone()));
         }
         if !self.attempts.is_empty() {
-            let list: Vec<String> = self
-                .attempts
-                .iter()
-                .filter_map(|(p, outcome)| self.config.providers.get(*p).map(|p| format!("{}:{outcome}", p.id)))
-                .collect();
-            headers.push(("x-waygate-attempts".to_string(), list.join(",")));
+            headers.push(("x-waygate-attempts".to_string(), self.attempt_list()));
         }
         headers
     }
@@ -976,6 +991,7 @@ impl Exchange {
     /// The access log line (contract §3, issue: never a credential or body).
     /// `None` for requests the filter passed through.
     pub fn access_log(&self, duration_ms: u64) -> Option<String> {
+        use std::fmt::Write;
         if matches!(self.phase, Phase::PassThrough | Phase::Start) {
             return None;
         }
@@ -983,29 +999,54 @@ impl Exchange {
             .provider
             .and_then(|p| self.config.providers.get(p))
             .map_or("-", |p| p.id.as_str());
-        let attempts: Vec<String> = self
-            .attempts
-            .iter()
-            .filter_map(|(p, o)| self.config.providers.get(*p).map(|p| format!("{}:{o}", p.id)))
-            .collect();
+        let attempts = self.attempt_list();
         let usage = self.usage.unwrap_or_default();
-        Some(format!(
-            "waygate access key={} model={} provider={} attempts={} status={} prompt_tokens={} completion_tokens={} duration_ms={} title={:?} referer={:?}",
-            self.key_id.as_deref().unwrap_or("-"),
-            self.request.as_ref().map_or("-", |r| r.model.as_str()),
-            provider,
-            if attempts.is_empty() {
-                "-".to_string()
-            } else {
-                attempts.join(",")
-            },
-            self.status,
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            duration_ms,
+        // Built piece by piece: one line per request, and `format!` with ten
+        // arguments costs more than the rest of the log phase in wasm.
+        let mut line = String::with_capacity(256);
+        for (name, value) in [
+            ("waygate access key=", self.key_id.as_deref().unwrap_or("-")),
+            (" model=", self.request.as_ref().map_or("-", |r| r.model.as_str())),
+            (" provider=", provider),
+            (" attempts=", if attempts.is_empty() { "-" } else { &attempts }),
+        ] {
+            line.push_str(name);
+            line.push_str(value);
+        }
+        for (name, value) in [
+            (" status=", u64::from(self.status)),
+            (" prompt_tokens=", usage.prompt_tokens),
+            (" completion_tokens=", usage.completion_tokens),
+            (" duration_ms=", duration_ms),
+        ] {
+            line.push_str(name);
+            line.push_str(&value.to_string());
+        }
+        // Client-supplied text, quoted and escaped as Rust's Debug does.
+        let _ = write!(
+            line,
+            " title={:?} referer={:?}",
             self.title.as_deref().unwrap_or(""),
-            self.referer.as_deref().unwrap_or(""),
-        ))
+            self.referer.as_deref().unwrap_or("")
+        );
+        Some(line)
+    }
+
+    /// `provider:outcome` for every attempt, comma-separated.
+    fn attempt_list(&self) -> String {
+        let mut list = String::new();
+        for (p, outcome) in &self.attempts {
+            let Some(provider) = self.config.providers.get(*p) else {
+                continue;
+            };
+            if !list.is_empty() {
+                list.push(',');
+            }
+            list.push_str(&provider.id);
+            list.push(':');
+            list.push_str(outcome);
+        }
+        list
     }
 
     /// Usage of the answer, once known.
@@ -1066,7 +1107,7 @@ fn is_envoy_local_reply(status: u16, body: &[u8]) -> bool {
 
 /// The names of the headers, other than `authorization`, whose value holds
 /// the client's bearer token.
-fn key_headers(pairs: &[(Vec<u8>, Vec<u8>)], authorization: Option<&[u8]>) -> Vec<String> {
+fn key_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)], authorization: Option<&[u8]>) -> Vec<String> {
     let Ok(token) = auth::bearer_token(authorization) else {
         return Vec::new();
     };
@@ -1075,8 +1116,13 @@ fn key_headers(pairs: &[(Vec<u8>, Vec<u8>)], authorization: Option<&[u8]>) -> Ve
     }
     let mut names: Vec<String> = Vec::new();
     for (name, value) in pairs {
-        let Ok(name) = std::str::from_utf8(name) else { continue };
-        if name != "authorization" && redact::find(value, token, 0).is_some() && !names.iter().any(|n| n == name) {
+        let Ok(name) = std::str::from_utf8(name.as_ref()) else {
+            continue;
+        };
+        if name != "authorization"
+            && redact::find(value.as_ref(), token, 0).is_some()
+            && !names.iter().any(|n| n == name)
+        {
             names.push(name.to_string());
         }
     }
@@ -1154,8 +1200,14 @@ mod tests {
         let forward = ex
             .on_request_body(body.to_string().as_bytes(), 1_700_000_000, &mut MemoryStore::default())
             .unwrap();
-        assert!(forward.remove.contains(&"authorization".to_string()));
+        assert!(replaced_or_removed(&forward, "authorization"), "{forward:?}");
         ex
+    }
+
+    /// Whether the client's `name` header cannot reach the provider: removed,
+    /// or set (which replaces it) to the provider's own value.
+    fn replaced_or_removed(forward: &Forward, name: &str) -> bool {
+        forward.remove.iter().any(|r| r == name) || forward.set.iter().any(|(k, _)| k == name)
     }
 
     fn head(status: u16, content_type: &str) -> ResponseHead<'_> {
@@ -1259,10 +1311,11 @@ mod tests {
             .on_request_body(body.to_string().as_bytes(), 1, &mut MemoryStore::default())
             .unwrap();
         for name in ["authorization", "x-api-key", "api-key"] {
-            assert!(forward.remove.iter().any(|r| r == name), "{name}: {:?}", forward.remove);
+            assert!(replaced_or_removed(&forward, name), "{name}: {forward:?}");
+            assert!(!forward.set.iter().any(|(_, v)| v.contains(CLIENT_KEY)), "{forward:?}");
         }
         assert!(!forward.remove.iter().any(|r| r == "x-other"));
-        // Removed first, then the provider's own credential is set.
+        // Replaced by the provider's own credential.
         assert!(
             forward
                 .set

@@ -308,8 +308,9 @@ fn check_upstream_headers(headers: &[(String, String)], seen: &mut Seen) {
 }
 
 fn check_forward(f: &Forward, cfg: &Config, seen: &mut Seen) {
+    // Removed, or replaced by the provider's own (setting replaces every value).
     assert!(
-        f.remove.iter().any(|h| h == "authorization"),
+        f.remove.iter().any(|h| h == "authorization") || header(&f.set, "authorization").is_some(),
         "the client's key is removed"
     );
     check_upstream_headers(&f.set, seen);

@@ -44,8 +44,8 @@ pub fn build_request(
     };
     let credential = provider.credential.as_deref().unwrap_or_default();
     Ok(UpstreamRequest {
-        path: format!("{}{}", provider.path_prefix, path),
-        headers: vec![("authorization".into(), format!("Bearer {credential}"))],
+        path: [provider.path_prefix.as_str(), path].concat(),
+        headers: vec![("authorization".into(), ["Bearer ", credential].concat())],
         body,
     })
 }

@@ -250,10 +250,11 @@ impl Context for Stream {
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let pairs = match host::header_pairs(Map::Request) {
-            Ok(pairs) => pairs,
+        let map = match host::header_map(Map::Request) {
+            Ok(map) => map,
             Err(status) => return self.internal_error("reading request headers", status),
         };
+        let pairs = map.pairs();
         let step = self.exchange.on_request_headers(&pairs, end_of_stream);
         for name in &step.remove {
             if let Err(status) = host::remove_header(Map::Request, name) {
@@ -318,16 +319,12 @@ impl HttpContext for Stream {
         if self.response != Response::Expected {
             return Action::Continue;
         }
-        let pairs = match host::header_pairs(Map::Response) {
-            Ok(pairs) => pairs,
+        let map = match host::header_map(Map::Response) {
+            Ok(map) => map,
             Err(status) => return self.internal_error("reading response headers", status),
         };
-        let header = |name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| k.as_slice() == name.as_bytes())
-                .map(|(_, v)| v.as_slice())
-        };
+        let pairs = map.pairs();
+        let header = |name: &str| pairs.iter().find(|(k, _)| *k == name.as_bytes()).map(|(_, v)| *v);
         let status = header(":status")
             .and_then(|s| std::str::from_utf8(s).ok())
             .and_then(|s| s.parse::<u16>().ok())
@@ -483,7 +480,7 @@ impl HttpContext for Stream {
         }
         let elapsed_ms = now.saturating_sub(self.started_ns) / 1_000_000;
         if let Some(line) = self.exchange.access_log(elapsed_ms) {
-            log::info!("{line}");
+            host::log_info(&line);
         }
     }
 }

@@ -306,36 +306,43 @@ impl StreamRewriter {
                 scrubbed.push(Some((had_text, clean.into_owned())));
             }
         }
-        let extras = members
-            .0
-            .iter()
-            .filter(|(k, _)| !matches!(k.as_ref(), "id" | "object" | "created" | "model" | "usage" | "choices"));
-        if !changed {
-            self.begin_chunk(out);
-            out.extend_from_slice(choices.get().as_bytes());
-            for (name, value) in extras {
+        // A delta was scrubbed or held: its choices go through a DOM. (A body
+        // serde's DOM refuses fails here as it does on the translator's path.)
+        let scrubbed_choices = if changed {
+            let Ok(mut values) = serde_json::from_str::<Vec<Value>>(choices.get()) else {
+                return false;
+            };
+            for (choice, scrubbed) in values.iter_mut().zip(scrubbed) {
+                if let Some((had_text, clean)) = scrubbed {
+                    set_text(choice, had_text, clean);
+                }
+            }
+            Some(values)
+        } else {
+            None
+        };
+        self.begin_chunk(out);
+        match scrubbed_choices {
+            Some(values) => {
+                if serde_json::to_writer(&mut *out, &values).is_err() {
+                    log::error!("waygate: a stream chunk could not be encoded");
+                }
+            }
+            None => out.extend_from_slice(choices.get().as_bytes()),
+        }
+        // Provider extras, as they came.
+        for (name, value) in &members.0 {
+            if !matches!(
+                name.as_ref(),
+                "id" | "object" | "created" | "model" | "usage" | "choices"
+            ) {
                 out.push(b',');
                 write_name(out, name);
                 out.push(b':');
                 out.extend_from_slice(value.get().as_bytes());
             }
-            out.extend_from_slice(b"}\n\n");
-            return true;
         }
-        // A delta was scrubbed or held: this event goes through a DOM.
-        let Ok(mut values) = serde_json::from_str::<Vec<Value>>(choices.get()) else {
-            return false;
-        };
-        for (choice, scrubbed) in values.iter_mut().zip(scrubbed) {
-            if let Some((had_text, clean)) = scrubbed {
-                set_text(choice, had_text, clean);
-            }
-        }
-        let extras: Vec<(&str, Value)> = extras
-            .filter_map(|(k, v)| Some((k.as_ref(), serde_json::from_str(v.get()).ok()?)))
-            .collect();
-        let extras: Vec<(&str, &Value)> = extras.iter().map(|(k, v)| (*k, v)).collect();
-        self.write_envelope(&values, &extras, out);
+        out.extend_from_slice(b"}\n\n");
         true
     }
 
@@ -592,11 +599,12 @@ mod tests {
         }
     }
 
-    /// Replays `input` under every chunking and requires identical output.
-    fn replay(op: Operation, include_usage: bool, input: &[u8]) -> String {
+    /// Replays `input` under every chunking through a fresh rewriter from
+    /// `make`, requires identical output, and returns it.
+    fn replay_with(make: &dyn Fn() -> StreamRewriter, input: &[u8]) -> String {
         let mut reference: Option<Vec<u8>> = None;
         for chunks in chunkings(input) {
-            let mut r = StreamRewriter::new(Box::new(OpenAiStream), stamp(op), include_usage);
+            let mut r = make();
             let mut out = Vec::new();
             for c in chunks {
                 r.push(c, &mut out);
@@ -608,6 +616,22 @@ mod tests {
             }
         }
         String::from_utf8(reference.unwrap()).unwrap()
+    }
+
+    /// Each event of a client stream, parsed where it is JSON.
+    fn parsed(out: &str) -> Vec<Value> {
+        events(out)
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap_or(Value::String(e.to_string())))
+            .collect()
+    }
+
+    /// Replays `input` under every chunking and requires identical output.
+    fn replay(op: Operation, include_usage: bool, input: &[u8]) -> String {
+        replay_with(
+            &|| StreamRewriter::new(Box::new(OpenAiStream), stamp(op), include_usage),
+            input,
+        )
     }
 
     const UPSTREAM: &str = concat!(
@@ -700,19 +724,19 @@ mod tests {
         }
     }
 
-    fn parsed_events(translator: Box<dyn StreamTranslator>, input: &[u8], secret: Option<&str>) -> Vec<Value> {
-        let mut r = StreamRewriter::new(translator, stamp(Operation::Chat), true);
-        if let Some(secret) = secret {
-            r = r.redacting(secret);
-        }
-        let mut out = Vec::new();
-        r.push(input, &mut out);
-        r.finish(&mut out);
-        let out = String::from_utf8(out).unwrap();
-        events(&out)
-            .iter()
-            .map(|e| serde_json::from_str(e).unwrap_or(Value::String(e.to_string())))
-            .collect()
+    fn parsed_events(
+        translator: &dyn Fn() -> Box<dyn StreamTranslator>,
+        input: &[u8],
+        secret: Option<&str>,
+    ) -> Vec<Value> {
+        let make = || {
+            let r = StreamRewriter::new(translator(), stamp(Operation::Chat), true);
+            match secret {
+                Some(secret) => r.redacting(secret),
+                None => r,
+            }
+        };
+        parsed(&replay_with(&make, input))
     }
 
     #[test]
@@ -754,8 +778,8 @@ mod tests {
         }
         for input in &inputs {
             for secret in [None, Some(SECRET)] {
-                let copied = parsed_events(Box::new(OpenAiStream), input, secret);
-                let translated = parsed_events(Box::new(Translated(OpenAiStream)), input, secret);
+                let copied = parsed_events(&|| Box::new(OpenAiStream), input, secret);
+                let translated = parsed_events(&|| Box::new(Translated(OpenAiStream)), input, secret);
                 assert_eq!(copied, translated, "secret {secret:?}");
                 assert!(copied.len() > 3);
             }
@@ -777,24 +801,8 @@ mod tests {
 
     /// Replays with the secret scrubbed; returns the client's events.
     fn scrubbed(op: Operation, input: &str) -> Vec<Value> {
-        let mut reference: Option<Vec<u8>> = None;
-        for chunks in chunkings(input.as_bytes()) {
-            let mut r = StreamRewriter::new(Box::new(OpenAiStream), stamp(op), true).redacting(SECRET);
-            let mut out = Vec::new();
-            for c in chunks {
-                r.push(c, &mut out);
-            }
-            r.finish(&mut out);
-            match &reference {
-                None => reference = Some(out),
-                Some(prev) => assert_eq!(&out, prev),
-            }
-        }
-        let out = String::from_utf8(reference.unwrap()).unwrap();
-        events(&out)
-            .iter()
-            .map(|e| serde_json::from_str(e).unwrap_or(Value::String(e.to_string())))
-            .collect()
+        let make = || StreamRewriter::new(Box::new(OpenAiStream), stamp(op), true).redacting(SECRET);
+        parsed(&replay_with(&make, input.as_bytes()))
     }
 
     fn text_of(events: &[Value]) -> String {

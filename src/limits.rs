@@ -1,11 +1,18 @@
 //! Per-key request and token limits (contract §8), held across every Envoy
 //! worker VM in proxy-wasm shared data.
 //!
-//! Each key has one counter per fixed one-minute window, stored as
-//! `"<requests> <tokens>"` under `waygate/limits/<key id>/<window>`. Updates
-//! are compare-and-swap: a lost race re-reads and tries again, so no count is
-//! lost however many workers admit at once. The store is a trait so the
-//! logic runs natively in tests; the shell backs it with shared data.
+//! Each limited key has one entry, `waygate/limits/<key id>`, holding its
+//! current fixed one-minute window as `"<minute> <requests> <tokens>"`; a
+//! new minute overwrites the old one in place (shared data has no delete, so
+//! an entry per window would grow without end). Updates are
+//! compare-and-swap: a lost race re-reads and tries again, so no count is
+//! lost however many workers admit at once.
+//!
+//! Envoy ignores the cas when a key is absent, so two first writers would
+//! both win and one count would vanish. [`prepare`] therefore creates every
+//! entry at `on_configure`, before the VM serves; from then on every write is
+//! guarded. The store is a trait so the logic runs natively in tests; the
+//! shell backs it with shared data.
 
 use crate::config::Key;
 use crate::errors::{ApiError, ErrorType};
@@ -37,18 +44,52 @@ pub struct Window {
     pub tokens: u64,
 }
 
-impl Window {
-    fn parse(raw: &[u8]) -> Window {
+/// A key's stored window: which minute it counts, and the counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Stored {
+    minute: u64,
+    counts: Window,
+}
+
+impl Stored {
+    fn parse(raw: &[u8]) -> Stored {
         let text = std::str::from_utf8(raw).unwrap_or("");
         let mut parts = text.split(' ').map(|p| p.parse::<u64>().unwrap_or(0));
-        Window {
-            requests: parts.next().unwrap_or(0),
-            tokens: parts.next().unwrap_or(0),
+        Stored {
+            minute: parts.next().unwrap_or(0),
+            counts: Window {
+                requests: parts.next().unwrap_or(0),
+                tokens: parts.next().unwrap_or(0),
+            },
         }
     }
 
     fn encode(self) -> Vec<u8> {
-        format!("{} {}", self.requests, self.tokens).into_bytes()
+        format!("{} {} {}", self.minute, self.counts.requests, self.counts.tokens).into_bytes()
+    }
+
+    /// The window in force at `now`: the stored one while its minute lasts,
+    /// else a fresh one. A worker whose clock reads a little behind one that
+    /// already moved on counts into the newer window rather than resetting it.
+    fn at(self, now: u64) -> Stored {
+        let minute = now / 60;
+        if self.minute >= minute {
+            self
+        } else {
+            Stored {
+                minute,
+                counts: Window::default(),
+            }
+        }
+    }
+}
+
+/// Reads a key's entry: the stored window and its cas, or a zero window and
+/// cas 0 when the entry is missing (only if [`prepare`] could not write it).
+fn load(store: &dyn SharedStore, slot: &str) -> (Stored, u32) {
+    match store.get(slot) {
+        Some((raw, cas)) => (Stored::parse(&raw), cas),
+        None => (Stored::default(), 0),
     }
 }
 
@@ -82,8 +123,25 @@ impl Standing {
     }
 }
 
-fn slot(key: &Key, now: u64) -> String {
-    format!("waygate/limits/{}/{}", key.id, now / 60)
+fn slot(key: &Key) -> String {
+    format!("waygate/limits/{}", key.id)
+}
+
+fn is_limited(key: &Key) -> bool {
+    key.requests_per_minute.is_some() || key.tokens_per_minute.is_some()
+}
+
+/// Creates the entry of every limited key that has none yet. Called from
+/// `on_configure`, so the only unguarded write happens before this VM
+/// serves; an entry left by an earlier configuration (same `vm_id`) keeps
+/// its counts.
+pub fn prepare<'k>(store: &mut dyn SharedStore, keys: impl IntoIterator<Item = &'k Key>) {
+    for key in keys.into_iter().filter(|k| is_limited(k)) {
+        let slot = slot(key);
+        if store.get(&slot).is_none() && store.set(&slot, &Stored::default().encode(), 0).is_err() {
+            log::warn!("waygate: cannot create the rate-limit entry of key {}", key.id);
+        }
+    }
 }
 
 /// Seconds until the current window ends: 1–60.
@@ -94,15 +152,14 @@ fn retry_after(now: u64) -> u64 {
 /// Admits one request for `key` at unix time `now`, counting it. A key
 /// without limits is always admitted and counts nothing.
 pub fn admit(store: &mut dyn SharedStore, key: &Key, now: u64) -> Result<Option<Standing>, ApiError> {
-    if key.requests_per_minute.is_none() && key.tokens_per_minute.is_none() {
+    if !is_limited(key) {
         return Ok(None);
     }
-    let slot = slot(key, now);
+    let slot = slot(key);
     for _ in 0..MAX_CAS_RETRIES {
-        let (current, cas) = match store.get(&slot) {
-            Some((raw, cas)) => (Window::parse(&raw), cas),
-            None => (Window::default(), 0),
-        };
+        let (stored, cas) = load(store, &slot);
+        let window = stored.at(now);
+        let current = window.counts;
         let standing = Standing {
             rpm: key.requests_per_minute,
             tpm: key.tokens_per_minute,
@@ -126,9 +183,8 @@ pub fn admit(store: &mut dyn SharedStore, key: &Key, now: u64) -> Result<Option<
             requests: current.requests + 1,
             ..current
         };
-        // An absent key ignores the cas in Envoy; a first writer racing
-        // another first writer is caught by the re-read on the next request.
-        match store.set(&slot, &next.encode(), cas) {
+        let written = Stored { counts: next, ..window };
+        match store.set(&slot, &written.encode(), cas) {
             Ok(()) => return Ok(Some(Standing { used: next, ..standing })),
             Err(StoreError::CasMismatch) => continue,
             Err(StoreError::Other) => break,
@@ -149,16 +205,11 @@ pub fn record_tokens(store: &mut dyn SharedStore, key: &Key, now: u64, tokens: u
     if key.tokens_per_minute.is_none() || tokens == 0 {
         return;
     }
-    let slot = slot(key, now);
+    let slot = slot(key);
     for _ in 0..MAX_CAS_RETRIES {
-        let (current, cas) = match store.get(&slot) {
-            Some((raw, cas)) => (Window::parse(&raw), cas),
-            None => (Window::default(), 0),
-        };
-        let next = Window {
-            tokens: current.tokens.saturating_add(tokens),
-            ..current
-        };
+        let (stored, cas) = load(store, &slot);
+        let mut next = stored.at(now);
+        next.counts.tokens = next.counts.tokens.saturating_add(tokens);
         match store.set(&slot, &next.encode(), cas) {
             Ok(()) => return,
             Err(StoreError::CasMismatch) => continue,
@@ -181,6 +232,9 @@ pub(crate) mod tests {
         next_cas: u32,
         /// Writes to fail with a mismatch before succeeding, to model races.
         pub conflicts: usize,
+        /// Refuses (as a test failure) any write that Envoy would not guard:
+        /// cas 0, or a key that does not exist yet.
+        pub guarded_only: bool,
     }
 
     impl SharedStore for MemoryStore {
@@ -188,6 +242,10 @@ pub(crate) mod tests {
             self.values.get(key).cloned()
         }
         fn set(&mut self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            assert!(
+                !self.guarded_only || (cas != 0 && self.values.contains_key(key)),
+                "unguarded write to {key} with cas {cas}"
+            );
             if self.conflicts > 0 {
                 self.conflicts -= 1;
                 // Someone else wrote in between.
@@ -254,8 +312,8 @@ pub(crate) mod tests {
         admit(&mut store, &k, 0).unwrap();
         store.conflicts = 7;
         admit(&mut store, &k, 0).unwrap();
-        let (raw, _) = store.get(&slot(&k, 0)).unwrap();
-        assert_eq!(Window::parse(&raw).requests, 3);
+        let (raw, _) = store.get(&slot(&k)).unwrap();
+        assert_eq!(Stored::parse(&raw).counts.requests, 3);
     }
 
     #[test]
@@ -272,6 +330,58 @@ pub(crate) mod tests {
             e.extra_headers
                 .contains(&("x-ratelimit-remaining-tokens".into(), "0".into()))
         );
+    }
+
+    #[test]
+    fn after_prepare_every_write_is_guarded_by_the_entrys_cas() {
+        // Envoy ignores the cas of a write to an absent key, so a cas-0 or
+        // first write could silently overwrite another worker's count.
+        let mut store = MemoryStore::default();
+        let k = key(Some(10), Some(1000));
+        prepare(&mut store, [&k]);
+        let (_, created) = store.get(&slot(&k)).unwrap();
+        store.guarded_only = true;
+        admit(&mut store, &k, 61).unwrap();
+        record_tokens(&mut store, &k, 61, 7);
+        admit(&mut store, &k, 125).unwrap();
+        assert!(store.values.len() == 1 && store.get(&slot(&k)).unwrap().1 > created);
+    }
+
+    #[test]
+    fn a_new_minute_reuses_the_one_entry_and_starts_from_zero() {
+        let mut store = MemoryStore::default();
+        let k = key(Some(2), Some(100));
+        prepare(&mut store, [&k]);
+        for minute in 0..5u64 {
+            let now = 1_700_000_000 + minute * 60;
+            assert_eq!(admit(&mut store, &k, now).unwrap().unwrap().used.requests, 1);
+            record_tokens(&mut store, &k, now, 40);
+            let s = admit(&mut store, &k, now).unwrap().unwrap();
+            assert_eq!((s.used.requests, s.used.tokens), (2, 40));
+            assert!(admit(&mut store, &k, now).is_err());
+        }
+        assert_eq!(store.values.len(), 1, "shared data has no delete; one entry per key");
+    }
+
+    #[test]
+    fn a_clock_a_little_behind_counts_into_the_newer_window() {
+        let mut store = MemoryStore::default();
+        let k = key(Some(2), None);
+        admit(&mut store, &k, 120).unwrap();
+        let s = admit(&mut store, &k, 119).unwrap().unwrap();
+        assert_eq!(s.used.requests, 2, "the worker at 119 s did not reset minute 2");
+        assert!(admit(&mut store, &k, 120).is_err());
+    }
+
+    #[test]
+    fn prepare_keeps_the_counts_of_an_earlier_configuration() {
+        let mut store = MemoryStore::default();
+        let k = key(Some(5), None);
+        prepare(&mut store, [&k]);
+        admit(&mut store, &k, 30).unwrap();
+        prepare(&mut store, [&k, &key(None, None)]);
+        assert_eq!(store.values.len(), 1, "an unlimited key gets no entry");
+        assert_eq!(admit(&mut store, &k, 30).unwrap().unwrap().used.requests, 2);
     }
 
     #[test]

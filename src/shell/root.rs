@@ -1,5 +1,6 @@
-//! The root context: parses the plugin configuration once per VM and makes
-//! one HTTP context per stream.
+//! The root context: parses the plugin configuration once per VM, creates
+//! the keys' rate-limit entries before the VM serves, and makes one HTTP
+//! context per stream.
 
 use std::rc::Rc;
 
@@ -37,6 +38,7 @@ impl RootContext for Root {
                         p.credential_source
                     );
                 }
+                crate::limits::prepare(&mut host::SharedData, &config.keys);
                 self.config = Some(Rc::new(config));
                 true
             }

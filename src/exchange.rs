@@ -678,13 +678,11 @@ impl Exchange {
     }
 
     /// A chunk of a live stream; returns the bytes that replace it.
-    pub fn on_stream_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Vec<u8> {
-        // Chunks come out about as large as they went in.
-        let mut out = Vec::with_capacity(chunk.len().saturating_add(128));
+    pub fn on_stream_body(&mut self, chunk: &[u8], end_of_stream: bool, out: &mut Vec<u8>) {
         if let Some(stream) = self.stream.as_mut() {
-            stream.push(chunk, &mut out);
+            stream.push(chunk, out);
             if end_of_stream {
-                stream.finish(&mut out);
+                stream.finish(out);
             }
             self.usage = stream.usage();
         }
@@ -692,7 +690,6 @@ impl Exchange {
             self.phase = Phase::Done;
         }
         // The rewriter scrubs the provider's credential itself (new_rewriter).
-        out
     }
 
     /// The whole buffered response body is here: the final answer.
@@ -1246,9 +1243,10 @@ mod tests {
         let (action, _) = ex.on_response_headers(&head(200, "text/event-stream"), false);
         assert!(matches!(action, ResponseAction::Stream { .. }));
         let event = json!({"choices": [{"index": 0, "delta": {"content": SECRET}}]});
-        let mut out = ex.on_stream_body(format!("data: {event}\n\n").as_bytes(), false);
+        let mut out = Vec::new();
+        ex.on_stream_body(format!("data: {event}\n\n").as_bytes(), false, &mut out);
         let error = json!({"error": {"message": format!("bad key {SECRET}")}});
-        out.extend(ex.on_stream_body(format!("data: {error}\n\n").as_bytes(), true));
+        ex.on_stream_body(format!("data: {error}\n\n").as_bytes(), true, &mut out);
         let out = text(&out);
         assert!(!out.contains(SECRET), "{out}");
         assert_eq!(out.matches("[redacted]").count(), 2, "{out}");

@@ -13,6 +13,7 @@
 //! (see [`Scrubber`]).
 
 use std::borrow::Cow;
+use std::io::Write as _;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -175,6 +176,7 @@ impl StreamRewriter {
         }
         match item {
             StreamItem::Chunk(chunk) => self.write_chunk(chunk, out),
+            StreamItem::Content { index, text } => self.write_content(index, text, out),
             StreamItem::Usage(usage) => self.usage = Some(usage),
             StreamItem::Done => {
                 self.flush_held(out);
@@ -227,6 +229,30 @@ impl StreamRewriter {
             .map(|(k, v)| (k.as_str(), v))
             .collect();
         self.write_envelope(&choices, &extras, out);
+    }
+
+    /// A chat chunk whose one choice's delta is just `text`, written as
+    /// [`Self::write_chunk`] would write it but with no DOM: the stream's
+    /// head, then `[{"delta":{"content":…},"finish_reason":null,"index":…}]`
+    /// (serde's member order). The first chunk (it gets the role) and
+    /// legacy streams (their choice has another shape) take the DOM path.
+    fn write_content(&mut self, index: u64, text: String, out: &mut Vec<u8>) {
+        if !self.role_sent || self.stamp.op != Operation::Chat {
+            let chunk = json!({"choices": [{"index": index, "delta": {"content": text}, "finish_reason": null}]});
+            return self.write_chunk(chunk, out);
+        }
+        let text = match self.scrubber.as_mut() {
+            Some(scrubber) => scrubber.scrub(index, &text, false),
+            None => Cow::Borrowed(text.as_str()),
+        };
+        self.begin_chunk(out);
+        out.extend_from_slice(b"[{\"delta\":{\"content\":");
+        if serde_json::to_writer(&mut *out, text.as_ref()).is_err() {
+            log::error!("waygate: a stream chunk could not be encoded");
+        }
+        out.extend_from_slice(b"},\"finish_reason\":null,\"index\":");
+        // Writing to a Vec cannot fail.
+        let _ = write!(out, "{index}}}]}}\n\n");
     }
 
     /// An OpenAI chat chunk after the first, copied: the stream's own id,
@@ -563,12 +589,12 @@ struct DeltaView<'a> {
     content: Option<&'a RawValue>,
 }
 
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+pub(crate) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&RawValue>::deserialize(d).map(Some)
 }
 
 /// A JSON string's text, borrowed unless it has escapes.
-fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+pub(crate) fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     match serde_json::from_str::<&str>(raw.get()) {
         Ok(s) => Some(Cow::Borrowed(s)),
         Err(_) => serde_json::from_str::<String>(raw.get()).ok().map(Cow::Owned),
@@ -782,6 +808,75 @@ mod tests {
                 let translated = parsed_events(&|| Box::new(Translated(OpenAiStream)), input, secret);
                 assert_eq!(copied, translated, "secret {secret:?}");
                 assert!(copied.len() > 3);
+            }
+        }
+    }
+
+    /// A provider whose events are `{"i":<choice>,"t":"<text>"}` (a
+    /// content delta) or `{"i":<choice>,"f":"<reason>"}` (a finish), ending
+    /// with `[DONE]`. With `dom`, content goes out as the chunk DOM that
+    /// [`StreamItem::Content`] stands for.
+    struct Deltas {
+        dom: bool,
+    }
+
+    impl StreamTranslator for Deltas {
+        fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
+            if event.data == "[DONE]" {
+                return items.push(StreamItem::Done);
+            }
+            let v: Value = serde_json::from_str(&event.data).unwrap();
+            let index = v["i"].as_u64().unwrap();
+            items.push(match (&v["t"], &v["f"]) {
+                (Value::String(text), _) if self.dom => StreamItem::Chunk(
+                    json!({"choices": [{"index": index, "delta": {"content": text}, "finish_reason": null}]}),
+                ),
+                (Value::String(text), _) => StreamItem::Content {
+                    index,
+                    text: text.clone(),
+                },
+                (_, finish) => {
+                    StreamItem::Chunk(json!({"choices": [{"index": index, "delta": {}, "finish_reason": finish}]}))
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn content_items_are_written_byte_for_byte_as_their_chunk_dom() {
+        let events = [
+            json!({"i": 0, "t": "Hello"}),
+            json!({"i": 0, "t": "a\"b\\c\u{7}\n é 😀 </script>"}),
+            json!({"i": 1, "t": "other choice"}),
+            json!({"i": 0, "t": ""}),
+            json!({"i": 0, "t": "key sk-li"}),
+            json!({"i": 0, "t": "ve-0123456789 whole sk-live-0123456789 end sk-live-01"}),
+            json!({"i": 12, "t": "x"}),
+            json!({"i": 0, "f": "stop"}),
+            json!({"i": 1, "t": "sk-live-0123"}),
+            json!({"i": 1, "f": "length"}),
+        ];
+        let mut input = String::new();
+        for e in &events {
+            input.push_str(&format!("data: {e}\n\n"));
+        }
+        input.push_str("data: [DONE]\n\n");
+        for op in [Operation::Chat, Operation::Completions] {
+            for secret in [None, Some(SECRET)] {
+                let out = |dom: bool| {
+                    let make = || {
+                        let r = StreamRewriter::new(Box::new(Deltas { dom }), stamp(op), true);
+                        match secret {
+                            Some(secret) => r.redacting(secret),
+                            None => r,
+                        }
+                    };
+                    replay_with(&make, input.as_bytes())
+                };
+                let (written, from_dom) = (out(false), out(true));
+                assert_eq!(written, from_dom, "{op:?}, secret {secret:?}");
+                assert!(written.ends_with("data: [DONE]\n\n"));
+                assert_eq!(secret.is_some(), !written.contains("0123456789"), "{written}");
             }
         }
     }

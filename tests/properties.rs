@@ -698,7 +698,8 @@ proptest! {
         let rewrite = match ex.on_response_headers(&head(&first), false) {
             (ResponseAction::Continue, _) => return Err(TestCaseError::fail("a forwarded answer is ours")),
             (ResponseAction::Stream { .. }, _) => {
-                let out = ex.on_stream_body(&first.body, true);
+                let mut out = Vec::new();
+                ex.on_stream_body(&first.body, true, &mut out);
                 let events = client_events(&out);
                 let last = events.last().unwrap();
                 if last != "[DONE]" {

@@ -710,6 +710,15 @@ fn main() -> wasmtime::Result<()> {
                 "tests/fixtures/anthropic/message.json",
             ),
         ),
+        (
+            "gemini",
+            exchange(
+                "fakegemini/gemini-2.5-flash",
+                false,
+                "/v1beta/models/gemini-2.5-flash:generateContent",
+                "tests/fixtures/gemini/generate_content.json",
+            ),
+        ),
     ];
     const WARMUP: usize = 2000;
     const RUNS: usize = 20_000;
@@ -792,6 +801,16 @@ fn main() -> wasmtime::Result<()> {
                 "tests/fixtures/anthropic/message.json",
             ),
             "tests/fixtures/anthropic/message_stream.sse",
+        ),
+        (
+            "gemini",
+            exchange(
+                "fakegemini/gemini-2.5-flash",
+                true,
+                "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+                "tests/fixtures/gemini/generate_content.json",
+            ),
+            "tests/fixtures/gemini/stream_generate_content.sse",
         ),
     ];
     println!("SSE translation, recorded streams one event per on_response_body (response body phase only):");

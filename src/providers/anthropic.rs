@@ -15,7 +15,10 @@
 //! Answers and streams come back as OpenAI chat shapes; see [`AnthropicStream`]
 //! for the event mapping.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::chat::{self, ImageSource, Message, Part, ResponseFormat, ToolChoice};
@@ -25,6 +28,7 @@ use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
 use crate::request::{ParsedRequest, bad_value};
 use crate::sse::SseEvent;
+use crate::stream::{json_str, present};
 use crate::usage::Usage;
 
 /// The API version this module speaks.
@@ -363,9 +367,8 @@ impl WireUsage {
 }
 
 /// One stream event (the `type` inside `data`, which repeats the `event:` name).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Event {
+#[derive(Debug)]
+enum Event<'a> {
     MessageStart {
         message: StartMessage,
     },
@@ -375,7 +378,7 @@ enum Event {
     },
     ContentBlockDelta {
         index: u64,
-        delta: Delta,
+        delta: Delta<'a>,
     },
     MessageDelta {
         delta: MessageDeltaBody,
@@ -386,8 +389,69 @@ enum Event {
         error: Value,
     },
     /// `ping`, `content_block_stop` and event types added later.
-    #[serde(other)]
     Other,
+}
+
+/// An event's members, read in one pass with the values left raw until its
+/// `type` says which to read. (A serde internally tagged enum would first
+/// copy the whole event into a buffer of its own, twice for a delta: that
+/// was most of the cost of an Anthropic stream.) Unknown members are
+/// ignored; a member the event's type needs must be present and well typed.
+#[derive(Deserialize)]
+struct RawEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    index: Option<&'a RawValue>,
+    #[serde(borrow)]
+    delta: Option<&'a RawValue>,
+    #[serde(borrow)]
+    content_block: Option<&'a RawValue>,
+    #[serde(borrow)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+    /// `null` is an error without details, as absent is not.
+    #[serde(borrow, default, deserialize_with = "present")]
+    error: Option<&'a RawValue>,
+}
+
+/// A required member, read as `T`; `None` when absent, `null` or mistyped.
+fn member<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
+    serde_json::from_str(raw?.get()).ok()
+}
+
+impl<'a> Event<'a> {
+    /// `None` when `data` is not an event this stream can read.
+    fn parse(data: &'a str) -> Option<Event<'a>> {
+        let raw: RawEvent<'a> = serde_json::from_str(data).ok()?;
+        Some(match raw.kind.as_ref() {
+            "message_start" => Event::MessageStart {
+                message: member(raw.message)?,
+            },
+            "content_block_start" => Event::ContentBlockStart {
+                index: member(raw.index)?,
+                content_block: member(raw.content_block)?,
+            },
+            "content_block_delta" => Event::ContentBlockDelta {
+                index: member(raw.index)?,
+                delta: Delta::parse(raw.delta?)?,
+            },
+            "message_delta" => Event::MessageDelta {
+                delta: member(raw.delta)?,
+                // Absent and `null` both mean no usage; anything else must read.
+                usage: match raw.usage {
+                    Some(usage) => serde_json::from_str(usage.get()).ok()?,
+                    None => None,
+                },
+            },
+            "message_stop" => Event::MessageStop,
+            "error" => Event::Error {
+                error: member(raw.error)?,
+            },
+            _ => Event::Other,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -395,16 +459,33 @@ struct StartMessage {
     usage: Option<WireUsage>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Delta {
-    #[serde(rename = "text_delta")]
-    Text { text: String },
-    #[serde(rename = "input_json_delta")]
-    InputJson { partial_json: String },
+#[derive(Debug)]
+enum Delta<'a> {
+    Text(Cow<'a, str>),
+    InputJson(Cow<'a, str>),
     /// `thinking_delta`, `signature_delta`, `citations_delta`, ...
-    #[serde(other)]
     Other,
+}
+
+#[derive(Deserialize)]
+struct RawDelta<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow)]
+    partial_json: Option<&'a RawValue>,
+}
+
+impl<'a> Delta<'a> {
+    fn parse(raw: &'a RawValue) -> Option<Delta<'a>> {
+        let delta: RawDelta<'a> = serde_json::from_str(raw.get()).ok()?;
+        Some(match delta.kind.as_ref() {
+            "text_delta" => Delta::Text(json_str(delta.text?)?),
+            "input_json_delta" => Delta::InputJson(json_str(delta.partial_json?)?),
+            _ => Delta::Other,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -515,7 +596,10 @@ impl AnthropicStream {
         if self.mode == Mode::Json {
             self.text.push_str(text);
         }
-        items.push(StreamItem::Chunk(chat::chunk(0, json!({"content": text}), None)));
+        items.push(StreamItem::Content {
+            index: 0,
+            text: text.to_string(),
+        });
     }
 
     fn block_start(&mut self, index: u64, block: Block, items: &mut Vec<StreamItem>) {
@@ -538,8 +622,8 @@ impl AnthropicStream {
     fn block_delta(&mut self, index: u64, delta: Delta, items: &mut Vec<StreamItem>) {
         match delta {
             // Text around the forced schema tool is not the answer.
-            Delta::Text { text } if self.mode != Mode::SchemaTool => self.content(&text, items),
-            Delta::InputJson { partial_json } if self.schema_block == Some(index) => {
+            Delta::Text(text) if self.mode != Mode::SchemaTool => self.content(&text, items),
+            Delta::InputJson(partial_json) if self.schema_block == Some(index) => {
                 if !partial_json.is_empty() {
                     items.push(StreamItem::Chunk(chat::chunk(
                         0,
@@ -548,7 +632,7 @@ impl AnthropicStream {
                     )));
                 }
             }
-            Delta::InputJson { partial_json } => {
+            Delta::InputJson(partial_json) => {
                 let tool = self.tool_blocks.iter().find(|(block, _)| *block == index);
                 if let Some((_, k)) = tool
                     && !partial_json.is_empty()
@@ -596,9 +680,9 @@ impl AnthropicStream {
 
 impl StreamTranslator for AnthropicStream {
     fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
-        let event: Event = match serde_json::from_str(&event.data) {
-            Ok(event) => event,
-            Err(_) => {
+        let event = match Event::parse(&event.data) {
+            Some(event) => event,
+            None => {
                 items.push(StreamItem::Error(interrupted(
                     "The provider sent an event that is not valid.",
                 )));
@@ -1210,6 +1294,63 @@ mod tests {
         let events = stream(&hi(), input, false);
         assert_eq!(events.len(), 1);
         assert!(events[0].contains("stream_interrupted"));
+    }
+
+    #[test]
+    fn each_event_type_reads_only_its_own_members() {
+        let start = r#"{"type":"message_start","message":{"usage":{"input_tokens":3}}}"#;
+        let text = |t: &str| {
+            format!(r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":{t}}}}}"#)
+        };
+        let cases = [
+            // Unknown types and deltas are skipped whatever their members hold.
+            (
+                r#"{"type":"ping","index":"x","delta":7,"message":null}"#.to_string(),
+                None,
+            ),
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","text":5}}"#.to_string(),
+                None,
+            ),
+            // A text delta's text: escapes read, a missing or mistyped one refused.
+            (text(r#""a\"\u00e9""#), Some(r#"a"é"#)),
+            (text("7"), Some("!")),
+            (
+                r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"no index"}}"#.to_string(),
+                Some("!"),
+            ),
+            (
+                r#"{"type":"content_block_delta","index":0,"delta":null}"#.to_string(),
+                Some("!"),
+            ),
+            (
+                r#"{"type":"message_delta","delta":{"stop_reason":null},"usage":null}"#.to_string(),
+                None,
+            ),
+            (
+                r#"{"type":"message_delta","delta":{},"usage":{"output_tokens":"x"}}"#.to_string(),
+                Some("!"),
+            ),
+            (
+                r#"{"type":"content_block_delta","type":"ping","index":0}"#.to_string(),
+                Some("!"),
+            ),
+        ];
+        for (event, expect) in cases {
+            let input = format!("data: {start}\n\ndata: {event}\n\ndata: {{\"type\":\"message_stop\"}}\n\n");
+            let events = stream(&hi(), input.as_bytes(), false);
+            let second: Value = serde_json::from_str(&events[1]).unwrap_or(Value::Null);
+            match expect {
+                None => assert_eq!(events[1], "[DONE]", "{event}: {events:?}"),
+                Some("!") => assert_eq!(second["error"]["code"], "stream_interrupted", "{event}: {events:?}"),
+                Some(text) => assert_eq!(second["choices"][0]["delta"]["content"], text, "{event}"),
+            }
+        }
+        // An error event without details still ends the stream with one.
+        let input = format!("data: {start}\n\ndata: {{\"type\":\"error\",\"error\":null}}\n\n");
+        let events = stream(&hi(), input.as_bytes(), false);
+        let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+        assert_eq!(last["error"]["message"], "The provider reported an error.");
     }
 
     #[test]

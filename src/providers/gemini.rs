@@ -395,6 +395,14 @@ struct WireResponse {
     prompt_feedback: Option<PromptFeedback>,
     usage_metadata: Option<UsageMetadata>,
     response_id: Option<String>,
+    /// Whether the body has an `error` member at all (even `null`): then it
+    /// is an error, whatever else it holds.
+    #[serde(default, deserialize_with = "member_present")]
+    error: bool,
+}
+
+fn member_present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
 }
 
 #[derive(Debug, Deserialize)]
@@ -588,15 +596,23 @@ impl GeminiStream {
 
 impl StreamTranslator for GeminiStream {
     fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
-        let value = match json_event(&event.data) {
-            Ok(value) => value,
-            Err(error) => return items.push(StreamItem::Error(error)),
-        };
-        let Ok(response) = serde_json::from_value::<WireResponse>(value) else {
-            items.push(StreamItem::Error(interrupted(
-                "The provider sent a chunk that is not a Gemini response.",
-            )));
-            return;
+        // Read straight into the wire type; an error event, or one that
+        // does not read, goes through a DOM to say which it is.
+        let response = match serde_json::from_str::<WireResponse>(&event.data) {
+            Ok(response) if !response.error => response,
+            _ => {
+                let value = match json_event(&event.data) {
+                    Ok(value) => value,
+                    Err(error) => return items.push(StreamItem::Error(error)),
+                };
+                let Ok(response) = serde_json::from_value::<WireResponse>(value) else {
+                    items.push(StreamItem::Error(interrupted(
+                        "The provider sent a chunk that is not a Gemini response.",
+                    )));
+                    return;
+                };
+                response
+            }
         };
         if let Some(usage) = &response.usage_metadata {
             items.push(StreamItem::Usage(usage.usage()));
@@ -625,14 +641,17 @@ impl StreamTranslator for GeminiStream {
                 .unwrap_or_default();
             let said = read_parts(parts, &tag, state.calls, true);
             state.calls += said.calls.len() as u64;
-            let mut delta = Map::new();
-            if let Some(text) = said.text.filter(|t| !t.is_empty()) {
-                delta.insert("content".into(), text.into());
-            }
-            if !said.calls.is_empty() {
+            let text = said.text.filter(|t| !t.is_empty());
+            if said.calls.is_empty() {
+                if let Some(text) = text {
+                    items.push(StreamItem::Content { index, text });
+                }
+            } else {
+                let mut delta = Map::new();
+                if let Some(text) = text {
+                    delta.insert("content".into(), text.into());
+                }
                 delta.insert("tool_calls".into(), Value::Array(said.calls));
-            }
-            if !delta.is_empty() {
                 items.push(StreamItem::Chunk(chat::chunk(index, Value::Object(delta), None)));
             }
             if let Some(reason) = &candidate.finish_reason {

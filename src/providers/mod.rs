@@ -40,6 +40,9 @@ pub enum StreamItem {
     /// A chunk in OpenAI's shape: an object with `choices`, each with a
     /// `delta` (chat) or `text` (native legacy), `index` and `finish_reason`.
     Chunk(Value),
+    /// The commonest chunk: choice `index`'s delta is just this text, and
+    /// it does not finish. Written without building a chunk's DOM.
+    Content { index: u64, text: String },
     /// Usage reported by the provider (the latest one wins).
     Usage(Usage),
     /// The provider's own terminal event.

@@ -37,6 +37,8 @@ pub struct Stream {
     /// (a VM's memory never shrinks).
     answer: Vec<Vec<u8>>,
     answer_len: usize,
+    /// A streamed chunk's rewrite, reused by every chunk of the stream.
+    stream_out: Vec<u8>,
     /// When the request went upstream, its first answer byte, its end.
     forwarded_ns: Option<u64>,
     first_byte_ns: Option<u64>,
@@ -52,6 +54,7 @@ impl Stream {
             usage_published: false,
             answer: Vec::new(),
             answer_len: 0,
+            stream_out: Vec::new(),
             forwarded_ns: None,
             first_byte_ns: None,
             done_ns: None,
@@ -399,8 +402,10 @@ impl HttpContext for Stream {
                         Vec::new()
                     }
                 };
-                let out = self.exchange.on_stream_body(&chunk, end_of_stream);
-                if let Err(status) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &out) {
+                self.stream_out.clear();
+                self.exchange
+                    .on_stream_body(&chunk, end_of_stream, &mut self.stream_out);
+                if let Err(status) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &self.stream_out) {
                     log::error!("waygate: replacing a stream chunk failed (status {})", status.0);
                 }
                 if end_of_stream {
@@ -440,9 +445,10 @@ impl HttpContext for Stream {
         // With trailers, no body callback had end_of_stream: finish here.
         match self.response {
             Response::Streaming => {
-                let out = self.exchange.on_stream_body(&[], true);
-                if !out.is_empty()
-                    && let Err(status) = host::set_buffer(Buffer::ResponseBody, usize::MAX, 0, &out)
+                self.stream_out.clear();
+                self.exchange.on_stream_body(&[], true, &mut self.stream_out);
+                if !self.stream_out.is_empty()
+                    && let Err(status) = host::set_buffer(Buffer::ResponseBody, usize::MAX, 0, &self.stream_out)
                 {
                     log::error!("waygate: appending the stream end failed (status {})", status.0);
                 }

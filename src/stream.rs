@@ -595,9 +595,13 @@ pub(crate) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&
 
 /// A JSON string's text, borrowed unless it has escapes.
 pub(crate) fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    match serde_json::from_str::<&str>(raw.get()) {
-        Ok(s) => Some(Cow::Borrowed(s)),
-        Err(_) => serde_json::from_str::<String>(raw.get()).ok().map(Cow::Owned),
+    // Borrowing fails on an escape, and a failed read allocates its error:
+    // look for a backslash first.
+    let text = raw.get();
+    if crate::scan::position_of(text.as_bytes(), b'\\').is_none() {
+        serde_json::from_str::<&str>(text).ok().map(Cow::Borrowed)
+    } else {
+        serde_json::from_str::<String>(text).ok().map(Cow::Owned)
     }
 }
 

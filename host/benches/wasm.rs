@@ -8,7 +8,7 @@
 //! proxy-wasm-host configures it (Cranelift, epoch interruption on). It reports:
 //!
 //! - µs per non-streaming ~1 KB chat request (request and response together, from
-//!   `on_context_create` to `on_delete`), per phase, OpenAI-compatible and Anthropic;
+//!   `on_context_create` to `on_delete`), per phase, OpenAI-compatible, Anthropic, Gemini;
 //! - wasm fuel per request (wasmtime's fuel: one unit per executed wasm operator, so close
 //!   to an instruction count), measured on a second, metered engine;
 //! - SSE translation throughput (MB/s of provider stream input) on recorded streams;
@@ -17,7 +17,8 @@
 //! Inputs are the same as the native criterion bench: `benches/data/plugin.json`,
 //! `benches/data/chat_1k.json`, `tests/fixtures/*`. `WAYGATE_BENCH_WASM=<file>` measures
 //! another build of the filter; `WAYGATE_BENCH_PERFMAP=1` writes `/tmp/perf-<pid>.map`;
-//! `WAYGATE_BENCH_ONLY=sse` (or `requests`, `size`, comma-separated) runs only those parts.
+//! `WAYGATE_BENCH_ONLY=sse` (or `requests`, `size`, one provider's case such as
+//! `sse:anthropic`, comma-separated) runs only those parts.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -727,7 +728,7 @@ fn main() -> wasmtime::Result<()> {
         cases[0].1.request_body.len()
     );
     let mut after_1000 = 0;
-    for (name, req) in cases.iter().filter(|_| section("requests")) {
+    for (name, req) in cases.iter().filter(|(name, _)| case("requests", name)) {
         let mut guest = Guest::start(&engine, &module, &config, false)?;
         let mut phases = Phases::default();
         let answer = guest.buffered(&mut phases, req)?;
@@ -807,14 +808,14 @@ fn main() -> wasmtime::Result<()> {
             exchange(
                 "fakegemini/gemini-2.5-flash",
                 true,
-                "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+                "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
                 "tests/fixtures/gemini/generate_content.json",
             ),
             "tests/fixtures/gemini/stream_generate_content.sse",
         ),
     ];
     println!("SSE translation, recorded streams one event per on_response_body (response body phase only):");
-    for (name, req, path) in streams.iter().filter(|_| section("sse")) {
+    for (name, req, path) in streams.iter().filter(|(name, _, _)| case("sse", name)) {
         let chunks = events(path);
         let bytes: usize = chunks.iter().map(Vec::len).sum();
         let mut guest = Guest::start(&engine, &module, &config, false)?;
@@ -864,6 +865,12 @@ fn main() -> wasmtime::Result<()> {
 /// (`size`, `requests`, `sse`), e.g. to profile one with `perf`.
 fn section(name: &str) -> bool {
     std::env::var("WAYGATE_BENCH_ONLY").map_or(true, |only| only.split(',').any(|s| s.trim() == name))
+}
+
+/// Whether to run one provider's case of a section: the whole section is
+/// asked for, or just this case (`sse:anthropic`, `requests:openai`).
+fn case(section_name: &str, provider: &str) -> bool {
+    section(section_name) || section(&format!("{section_name}:{provider}"))
 }
 
 /// The size after `wasm-opt -Oz` (binaryen), when it is installed.

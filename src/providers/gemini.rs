@@ -485,16 +485,20 @@ struct Said {
     calls: Vec<Value>,
 }
 
-/// Reads a candidate's parts; tool call ids continue from `first_call`.
-fn read_parts(parts: &[WirePart], tag: &str, first_call: u64, stream: bool) -> Said {
+/// Reads the parts of candidate `index` of the answer `response_id`; tool
+/// call ids continue from `first_call`.
+fn read_parts(parts: &[WirePart], (response_id, index): (Option<&str>, u64), first_call: u64, stream: bool) -> Said {
     let mut said = Said {
         text: None,
         calls: Vec::new(),
     };
+    // Only tool calls need the tag: most chunks are text.
+    let mut call_tag: Option<String> = None;
     for part in parts {
         if let Some(call) = &part.function_call {
             let k = first_call + said.calls.len() as u64;
             let args = call.args.clone().unwrap_or_else(|| json!({}));
+            let tag = call_tag.get_or_insert_with(|| tag(response_id, index));
             let id = call_id(tag, k, part.thought_signature.as_deref());
             let mut value = chat::tool_call(&id, &call.name, args.to_string());
             if stream && let Some(map) = value.as_object_mut() {
@@ -538,7 +542,7 @@ pub fn translate_answer(request: &ParsedRequest, body: &[u8]) -> Result<(Value, 
         .map(|(position, c)| {
             let index = c.index.unwrap_or(position as u64);
             let parts = c.content.as_ref().map(|c| c.parts.as_slice()).unwrap_or_default();
-            let said = read_parts(parts, &tag(response.response_id.as_deref(), index), 0, false);
+            let said = read_parts(parts, (response.response_id.as_deref(), index), 0, false);
             let finish = finish_reason(c.finish_reason.as_deref().unwrap_or("STOP"), !said.calls.is_empty());
             (index, chat::choice(index, said.text, said.calls, finish))
         })
@@ -627,7 +631,6 @@ impl StreamTranslator for GeminiStream {
         }
         for (position, candidate) in candidates.iter().enumerate() {
             let index = candidate.index.unwrap_or(position as u64);
-            let tag = tag(response.response_id.as_deref(), index);
             let Some(state) = self.state(index) else {
                 continue;
             };
@@ -639,7 +642,7 @@ impl StreamTranslator for GeminiStream {
                 .as_ref()
                 .map(|c| c.parts.as_slice())
                 .unwrap_or_default();
-            let said = read_parts(parts, &tag, state.calls, true);
+            let said = read_parts(parts, (response.response_id.as_deref(), index), state.calls, true);
             state.calls += said.calls.len() as u64;
             let text = said.text.filter(|t| !t.is_empty());
             if said.calls.is_empty() {

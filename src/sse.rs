@@ -9,10 +9,11 @@
 
 use crate::scan;
 
-/// One dispatched event: its `event:` name, if any, and its joined `data:`.
+/// One dispatched event: its joined `data:` lines. The `event:` name is not
+/// kept: no translator needs it (Anthropic repeats it as the data's `type`),
+/// and keeping it cost an allocation per event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseEvent {
-    pub event: Option<String>,
     pub data: String,
 }
 
@@ -30,7 +31,6 @@ pub struct SseDecoder {
     line: Vec<u8>,
     data: String,
     has_data: bool,
-    event: Option<String>,
     /// The previous chunk ended in `\r`: a leading `\n` belongs to it.
     after_cr: bool,
     limit: usize,
@@ -51,7 +51,6 @@ impl SseDecoder {
             line: Vec::new(),
             data: String::new(),
             has_data: false,
-            event: None,
             after_cr: false,
             limit,
         }
@@ -148,24 +147,23 @@ impl SseDecoder {
             }
             None => (line, &[][..]),
         };
-        match name {
-            b"data" => {
-                if self.has_data {
-                    self.data.push('\n');
-                }
-                // from_utf8 checks ASCII a word at a time; lossy decoding only
-                // when it must replace something.
-                match std::str::from_utf8(value) {
-                    Ok(text) => self.data.push_str(text),
-                    Err(_) => self.data.push_str(&String::from_utf8_lossy(value)),
-                }
-                self.has_data = true;
-                if self.data.len() > self.limit {
-                    return Err(SseError::TooLong { limit: self.limit });
-                }
-            }
-            b"event" => self.event = Some(String::from_utf8_lossy(value).into_owned()),
-            _ => {} // id, retry and unknown fields do not matter to a translator.
+        // Only data matters to a translator: event, id, retry and unknown
+        // fields are skipped.
+        if name != b"data" {
+            return Ok(());
+        }
+        if self.has_data {
+            self.data.push('\n');
+        }
+        // from_utf8 checks ASCII a word at a time; lossy decoding only when
+        // it must replace something.
+        match std::str::from_utf8(value) {
+            Ok(text) => self.data.push_str(text),
+            Err(_) => self.data.push_str(&String::from_utf8_lossy(value)),
+        }
+        self.has_data = true;
+        if self.data.len() > self.limit {
+            return Err(SseError::TooLong { limit: self.limit });
         }
         Ok(())
     }
@@ -176,11 +174,9 @@ impl SseDecoder {
             // allocation beats growing from nothing every event.
             let next = String::with_capacity(self.data.len().min(64 * 1024));
             out.push(SseEvent {
-                event: self.event.take(),
                 data: std::mem::replace(&mut self.data, next),
             });
         }
-        self.event = None;
         self.has_data = false;
     }
 }
@@ -238,16 +234,13 @@ pub(crate) mod tests {
         reference.unwrap()
     }
 
-    fn ev(event: Option<&str>, data: &str) -> SseEvent {
-        SseEvent {
-            event: event.map(str::to_string),
-            data: data.to_string(),
-        }
+    fn ev(data: &str) -> SseEvent {
+        SseEvent { data: data.to_string() }
     }
 
     #[test]
     fn lf_crlf_and_cr_line_endings_frame_the_same() {
-        let expect = vec![ev(None, "a"), ev(Some("x"), "b\nc")];
+        let expect = vec![ev("a"), ev("b\nc")];
         assert_eq!(decode_all(b"data: a\n\nevent: x\ndata: b\ndata: c\n\n"), expect);
         assert_eq!(
             decode_all(b"data: a\r\n\r\nevent: x\r\ndata: b\r\ndata: c\r\n\r\n"),
@@ -263,27 +256,24 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         d.push(b"data: a\r", &mut out).unwrap();
         d.push(b"\ndata: b\r\n\r\n", &mut out).unwrap();
-        assert_eq!(out, vec![ev(None, "a\nb")]);
+        assert_eq!(out, vec![ev("a\nb")]);
     }
 
     #[test]
     fn split_utf8_characters_survive() {
         let input = "data: {\"t\":\"héllo ✓ 🎉\"}\n\n".as_bytes();
-        assert_eq!(decode_all(input), vec![ev(None, "{\"t\":\"héllo ✓ 🎉\"}")]);
+        assert_eq!(decode_all(input), vec![ev("{\"t\":\"héllo ✓ 🎉\"}")]);
     }
 
     #[test]
     fn comments_ids_and_retry_are_ignored() {
-        assert_eq!(
-            decode_all(b": ping\n\nid: 1\nretry: 5\ndata:x\n\n"),
-            vec![ev(None, "x")]
-        );
+        assert_eq!(decode_all(b": ping\n\nid: 1\nretry: 5\ndata:x\n\n"), vec![ev("x")]);
     }
 
     #[test]
     fn an_unterminated_last_event_is_flushed() {
-        assert_eq!(decode_all(b"data: [DONE]"), vec![ev(None, "[DONE]")]);
-        assert_eq!(decode_all(b"data: [DONE]\n"), vec![ev(None, "[DONE]")]);
+        assert_eq!(decode_all(b"data: [DONE]"), vec![ev("[DONE]")]);
+        assert_eq!(decode_all(b"data: [DONE]\n"), vec![ev("[DONE]")]);
     }
 
     #[test]

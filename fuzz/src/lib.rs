@@ -224,9 +224,30 @@ pub fn check_stream_target(api: Api, data: &[u8]) {
         // Where the translator found an event "not JSON" only because serde's DOM refuses
         // a number beyond f64 or nesting past 128, the copy passes the event on as written.
         if !contains(&out, b"not JSON") {
-            assert_eq!(events_as_json(&whole), events_as_json(&out), "copied and translated chunks differ");
+            assert_eq!(
+                events_as_json(&whole),
+                events_as_json(&out),
+                "copied and translated chunks differ"
+            );
         }
     }
+    // Text deltas written without a DOM are byte for byte what their DOM gives.
+    let mut reference = StreamRewriter::new(
+        Box::new(ContentAsDom(translator(api, &request))),
+        stamp(request.op),
+        request.include_usage,
+    );
+    if redact {
+        reference = reference.redacting(STREAM_SECRET);
+    }
+    let mut out = Vec::new();
+    reference.push(payload, &mut out);
+    reference.finish(&mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&whole),
+        String::from_utf8_lossy(&out),
+        "content items and their DOM differ"
+    );
     if redact {
         assert!(!contains(&whole, STREAM_SECRET.as_bytes()), "the secret in the stream");
         for text in stream_texts(&whole) {
@@ -241,6 +262,27 @@ struct Translated;
 impl StreamTranslator for Translated {
     fn on_event(&mut self, event: &waygate::sse::SseEvent, items: &mut Vec<providers::StreamItem>) {
         providers::openai::OpenAiStream.on_event(event, items);
+    }
+}
+
+/// A translator whose text deltas go out as the chunk DOM that
+/// [`providers::StreamItem::Content`] stands for.
+struct ContentAsDom(Box<dyn StreamTranslator>);
+
+impl StreamTranslator for ContentAsDom {
+    fn on_event(&mut self, event: &waygate::sse::SseEvent, items: &mut Vec<providers::StreamItem>) {
+        let start = items.len();
+        self.0.on_event(event, items);
+        for item in items.iter_mut().skip(start) {
+            if let providers::StreamItem::Content { index, text } = item {
+                let chunk = serde_json::json!({"choices": [{"index": *index, "delta": {"content": text}, "finish_reason": null}]});
+                *item = providers::StreamItem::Chunk(chunk);
+            }
+        }
+    }
+
+    fn passthrough(&self) -> bool {
+        self.0.passthrough()
     }
 }
 

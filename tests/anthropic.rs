@@ -8,12 +8,11 @@
 
 mod common;
 
-use common::{DEV_KEY, Gateway, Response, chain_config};
+use common::{
+    DEV_KEY, Gateway, Response, ask, assert_a_cut_stream_never_ends_with_done,
+    assert_legacy_completions_go_through_chat, chain_config,
+};
 use serde_json::{Value, json};
-
-fn ask(model: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "Say hello"}]})
-}
 
 fn tools() -> Value {
     json!([
@@ -357,50 +356,15 @@ fn an_error_event_ends_the_stream_with_one_error_event() {
 
 #[test]
 fn a_stream_cut_mid_way_never_ends_with_done() {
-    // Envoy resets the client's stream when the upstream connection dies
-    // after the headers went out; if the host gets to write first, the last
-    // event is the contract's error.
-    let gw = Gateway::start();
-    let mut body = ask("fakeanthropic/cut-4");
-    body["stream"] = json!(true);
-    let r = gw.chat(body);
-    assert_eq!(r.status, 200);
-    assert!(!r.text().contains("[DONE]"), "{}", r.text());
-    if r.complete {
-        let last: Value = serde_json::from_str(r.events().last().unwrap()).unwrap();
-        assert_eq!(last["error"]["code"], "stream_interrupted");
-    }
+    assert_a_cut_stream_never_ends_with_done(&Gateway::start(), "fakeanthropic/cut-4");
 }
 
 #[test]
 fn legacy_completions_go_through_chat_both_ways() {
     let gw = Gateway::start();
-    let r = gw.post(
-        "/api/v1/completions",
-        &json!({"model": "fakeanthropic/ok", "prompt": "Say hello"}).to_string(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let v = r.json();
-    assert_eq!(v["object"], "text_completion");
-    assert!(v["id"].as_str().unwrap().starts_with("cmpl_"));
-    assert_eq!(v["choices"][0]["text"], "Hello from anthropic fake.");
-    let sent = gw.fakes.received()[0].body_json().unwrap();
+    let sent = assert_legacy_completions_go_through_chat(&gw, "fakeanthropic", "Hello from anthropic fake.");
     assert_eq!(
         sent["messages"],
         json!([{"role": "user", "content": [{"type": "text", "text": "Say hello"}]}])
     );
-
-    let r = gw.post(
-        "/api/v1/completions",
-        &json!({"model": "fakeanthropic/long-4", "prompt": "Count", "stream": true}).to_string(),
-    );
-    let events = r.events();
-    assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
-    assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
-    assert_eq!(text, "word1 word2 word3 word4");
 }

@@ -388,3 +388,56 @@ fn dechunk(mut rest: &[u8]) -> (Vec<u8>, bool) {
         rest = &rest[size + 2..];
     }
 }
+
+/// A one-message chat request for `model`.
+pub fn ask(model: &str) -> Value {
+    serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Say hello"}]})
+}
+
+/// Through a provider that cuts its stream mid-way (`<provider>/cut-N`): the
+/// client never gets `[DONE]`. Envoy resets the client's stream when the
+/// upstream connection dies after the headers went out; when the host gets
+/// to write first, the last event is the contract's error.
+pub fn assert_a_cut_stream_never_ends_with_done(gw: &Gateway, model: &str) {
+    let mut body = ask(model);
+    body["stream"] = Value::Bool(true);
+    let r = gw.chat(body);
+    assert_eq!(r.status, 200);
+    assert!(!r.text().contains("[DONE]"), "{}", r.text());
+    if r.complete {
+        let last: Value = serde_json::from_str(r.events().last().unwrap()).unwrap();
+        assert_eq!(last["error"]["code"], "stream_interrupted");
+    }
+}
+
+/// A legacy completion through a chat-only provider, plain and streamed:
+/// `text_completion` answers with `greeting` and then the fake's four
+/// counted words. Returns the provider's request body for the prompt
+/// "Say hello" (what its API makes of a prompt).
+pub fn assert_legacy_completions_go_through_chat(gw: &Gateway, provider: &str, greeting: &str) -> Value {
+    let r = gw.post(
+        "/api/v1/completions",
+        &serde_json::json!({"model": format!("{provider}/ok"), "prompt": "Say hello"}).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl_"));
+    assert_eq!(v["choices"][0]["text"], greeting);
+    let sent = gw.fakes.received()[0].body_json().unwrap();
+
+    let r = gw.post(
+        "/api/v1/completions",
+        &serde_json::json!({"model": format!("{provider}/long-4"), "prompt": "Count", "stream": true}).to_string(),
+    );
+    let events = r.events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(text, "word1 word2 word3 word4");
+    sent
+}

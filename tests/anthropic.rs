@@ -9,8 +9,8 @@
 mod common;
 
 use common::{
-    DEV_KEY, Gateway, Response, ask, assert_a_cut_stream_never_ends_with_done,
-    assert_legacy_completions_go_through_chat, chain_config,
+    DEV_KEY, Gateway, ask, assert_a_cut_stream_never_ends_with_done, assert_legacy_completions_go_through_chat,
+    chain_config, stream_chunks,
 };
 use serde_json::{Value, json};
 
@@ -22,26 +22,6 @@ fn tools() -> Value {
         {"type": "function", "function": {"name": "multiply",
             "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
     ])
-}
-
-/// The stream's JSON chunks (checked to share id, model and created) and
-/// whether it ended with `[DONE]`.
-fn stream_chunks(r: &Response, model: &str) -> (Vec<Value>, bool) {
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("content-type"), Some("text/event-stream"));
-    let events = r.events();
-    let done = events.last().is_some_and(|e| e == "[DONE]");
-    let chunks: Vec<Value> = events
-        .iter()
-        .filter(|e| *e != "[DONE]")
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
-    for c in chunks.iter().filter(|c| c.get("error").is_none()) {
-        assert_eq!(c["id"], chunks[0]["id"]);
-        assert_eq!(c["created"], chunks[0]["created"]);
-        assert_eq!(c["model"], model);
-    }
-    (chunks, done)
 }
 
 fn text_of(chunks: &[Value]) -> String {

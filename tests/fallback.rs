@@ -103,18 +103,13 @@ fn fallback_crosses_apis_both_ways_streaming_and_not() {
         let r = gw.chat(json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}], "stream": true}));
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.header("x-waygate-attempts"), Some(attempts));
-        let events = r.events();
-        assert_eq!(events.last().unwrap(), "[DONE]");
-        let chunks: Vec<Value> = events[..events.len() - 1]
-            .iter()
-            .map(|e| serde_json::from_str(e).unwrap())
-            .collect();
+        let chunks = r.done_chunks();
         assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
         let text: String = chunks
             .iter()
             .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
             .collect();
-        assert_eq!(text.split_whitespace().count(), 4, "{events:?}");
+        assert_eq!(text.split_whitespace().count(), 4, "{chunks:?}");
         assert!(
             chunks
                 .iter()
@@ -215,12 +210,7 @@ fn a_streamed_request_falls_back_to_a_complete_sse_body() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("content-type"), Some("text/event-stream"));
     assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,backup:200"));
-    let events = r.events();
-    assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
+    let chunks = r.done_chunks();
     let text: String = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())

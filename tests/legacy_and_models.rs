@@ -6,7 +6,7 @@
 mod common;
 
 use common::{DEV_KEY, Gateway, NARROW_KEY};
-use serde_json::{Value, json};
+use serde_json::json;
 
 #[test]
 fn legacy_goes_to_the_providers_own_completions_when_it_has_one() {
@@ -57,14 +57,9 @@ fn legacy_streams_are_text_completion_chunks_both_ways() {
         );
         assert_eq!(r.status, 200, "{model}: {}", r.text());
         assert_eq!(r.header("content-type"), Some("text/event-stream"));
-        let events = r.events();
-        assert_eq!(events.last().unwrap(), "[DONE]", "{model}");
-        let chunks: Vec<Value> = events[..events.len() - 1]
-            .iter()
-            .map(|e| serde_json::from_str(e).unwrap())
-            .collect();
+        let chunks = r.done_chunks();
         let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
-        assert_eq!(text.split_whitespace().count(), 4, "{model}: {events:?}");
+        assert_eq!(text.split_whitespace().count(), 4, "{model}: {chunks:?}");
         for c in &chunks {
             assert_eq!(c["object"], "text_completion", "{model}");
             assert_eq!(c["model"], model);

@@ -286,6 +286,16 @@ impl Response {
             .collect()
     }
 
+    /// The JSON chunks of a stream that must end with `[DONE]`.
+    pub fn done_chunks(&self) -> Vec<Value> {
+        let events = self.events();
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+        events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect()
+    }
+
     /// Asserts the contract's error envelope and returns it.
     pub fn assert_error(&self, status: u16, kind: &str, code: &str, param: Option<&str>) -> Value {
         assert_eq!(self.status, status, "body: {}", self.text());
@@ -430,14 +440,29 @@ pub fn assert_legacy_completions_go_through_chat(gw: &Gateway, provider: &str, g
         "/api/v1/completions",
         &serde_json::json!({"model": format!("{provider}/long-4"), "prompt": "Count", "stream": true}).to_string(),
     );
-    let events = r.events();
-    assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
+    let chunks = r.done_chunks();
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
     let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
     assert_eq!(text, "word1 word2 word3 word4");
     sent
+}
+
+/// The stream's JSON chunks (checked to share id, model and created) and
+/// whether it ended with `[DONE]`.
+pub fn stream_chunks(r: &Response, model: &str) -> (Vec<Value>, bool) {
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let events = r.events();
+    let done = events.last().is_some_and(|e| e == "[DONE]");
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    for c in chunks.iter().filter(|c| c.get("error").is_none()) {
+        assert_eq!(c["id"], chunks[0]["id"]);
+        assert_eq!(c["created"], chunks[0]["created"]);
+        assert_eq!(c["model"], model);
+    }
+    (chunks, done)
 }

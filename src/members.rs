@@ -17,7 +17,13 @@ pub struct Members<'a>(pub Vec<(Cow<'a, str>, &'a RawValue)>);
 impl<'a> Members<'a> {
     /// Parses `bytes` as one JSON object (anything else is an error).
     pub fn parse(bytes: &'a [u8]) -> Result<Members<'a>, serde_json::Error> {
-        serde_json::from_slice(bytes)
+        // One UTF-8 check of the whole text: parsed as bytes, serde checks every
+        // raw value again on its own.
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Self::parse_str(text),
+            // serde's error names where the bad byte is.
+            Err(_) => serde_json::from_slice(bytes),
+        }
     }
 
     /// [`Members::parse`] on text already known to be UTF-8 (not checked again).

@@ -122,8 +122,7 @@ pub fn finish_chat(stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), Strin
     }
     let usage = members
         .get("usage")
-        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
-        .and_then(|v| Usage::from_openai(Some(&v)))
+        .and_then(Usage::from_openai_raw)
         .unwrap_or_default();
     let created = members
         .get("created")

@@ -313,12 +313,15 @@ impl StreamRewriter {
             texts.push(text);
         }
         // The scrubber sees every delta's text, as on the translator's path.
-        let mut scrubbed: Vec<Option<(bool, String)>> = Vec::with_capacity(views.len());
-        let mut changed = false;
+        // Its answers are kept (and owned) only once one of them changes a delta:
+        // the common event costs no allocation here.
+        let mut scrubbed: Vec<Option<(bool, String)>> = Vec::new();
         if let Some(scrubber) = self.scrubber.as_mut() {
             for (position, (view, text)) in views.iter().zip(texts).enumerate() {
                 let Some(text) = text else {
-                    scrubbed.push(None);
+                    if !scrubbed.is_empty() {
+                        scrubbed.push(None);
+                    }
                     continue;
                 };
                 let index = view
@@ -328,10 +331,17 @@ impl StreamRewriter {
                 let had_text = text.is_some();
                 let text = text.unwrap_or_default();
                 let clean = scrubber.scrub(index, &text, view.finish_reason.is_some());
-                changed |= if had_text { clean != text } else { !clean.is_empty() };
-                scrubbed.push(Some((had_text, clean.into_owned())));
+                let changed = if had_text { clean != text } else { !clean.is_empty() };
+                if changed && scrubbed.is_empty() {
+                    // Every choice before this one went through unchanged.
+                    scrubbed.resize(position, None);
+                }
+                if changed || !scrubbed.is_empty() {
+                    scrubbed.push(Some((had_text, clean.into_owned())));
+                }
             }
         }
+        let changed = !scrubbed.is_empty();
         // A delta was scrubbed or held: its choices go through a DOM. (A body
         // serde's DOM refuses fails here as it does on the translator's path.)
         let scrubbed_choices = if changed {

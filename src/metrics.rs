@@ -11,6 +11,8 @@
 //! (`token.usage` split into prompt and completion, `server.request.duration`
 //! and `time_to_first_token` as histograms in milliseconds).
 
+use std::borrow::Cow;
+
 use crate::usage::Usage;
 
 /// A stat kind, as the ABI numbers them.
@@ -50,20 +52,22 @@ pub struct Timing {
 }
 
 /// Reduces a label value to characters that keep the stat name flat.
-pub fn label(value: &str) -> String {
+/// Borrowed when already clean: it runs for every stat of every request.
+pub fn label(value: &str) -> Cow<'_, str> {
     let allowed = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
     if value.is_empty() {
-        return "none".into();
+        return Cow::Borrowed("none");
     }
     // The usual case (ids and model names) is already clean.
     if value.len() <= 64 && value.bytes().all(allowed) {
-        return value.to_string();
+        return Cow::Borrowed(value);
     }
     value
         .chars()
         .take(64)
         .map(|c| if c.is_ascii() && allowed(c as u8) { c } else { '_' })
-        .collect()
+        .collect::<String>()
+        .into()
 }
 
 fn counter(name: String, value: u64) -> Update {
@@ -100,7 +104,7 @@ fn stat(parts: &[&str]) -> String {
 /// increment are left out (Envoy refuses them).
 pub fn updates(s: &Summary<'_>, t: Timing) -> Vec<Update> {
     let provider = label(s.provider.unwrap_or("none"));
-    let provider = provider.as_str();
+    let provider = provider.as_ref();
     let class = match s.status / 100 {
         0 => "none",
         1 => "1xx",

@@ -37,6 +37,7 @@ pub mod redact;
 pub mod request;
 pub mod routing;
 pub mod scan;
+pub mod split;
 pub mod sse;
 pub mod stream;
 pub mod usage;

@@ -11,8 +11,20 @@ use serde::Serialize;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use crate::split::split;
+
 /// One object's members in their order: name (unescaped) and raw value.
-pub struct Members<'a>(pub Vec<(Cow<'a, str>, &'a RawValue)>);
+pub struct Members<'a>(pub Vec<(Cow<'a, str>, Raw<'a>)>);
+
+/// A member's value as the JSON text it came as (already checked to be JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+}
 
 impl<'a> Members<'a> {
     /// Parses `bytes` as one JSON object (anything else is an error).
@@ -27,13 +39,18 @@ impl<'a> Members<'a> {
     }
 
     /// [`Members::parse`] on text already known to be UTF-8 (not checked again).
+    /// The single-pass [`split`] answers for the usual text, serde for the rest.
     pub fn parse_str(text: &'a str) -> Result<Members<'a>, serde_json::Error> {
-        serde_json::from_str(text)
+        let mut members = Vec::with_capacity(16);
+        match split(text, |name, value| members.push((Cow::Borrowed(name), Raw(value)))) {
+            Some(()) => Ok(Members(members)),
+            None => serde_json::from_str(text),
+        }
     }
 
     /// The value named `name`; the last one when a name repeats, as in
     /// serde_json's DOM (so validation and rewrite agree).
-    pub fn get(&self, name: &str) -> Option<&'a RawValue> {
+    pub fn get(&self, name: &str) -> Option<Raw<'a>> {
         self.0.iter().rev().find(|(k, _)| k == name).map(|(_, v)| *v)
     }
 }
@@ -71,7 +88,7 @@ impl<'de> Deserialize<'de> for Members<'de> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut members = Vec::with_capacity(map.size_hint().unwrap_or(16));
                 while let Some((Name(name), value)) = map.next_entry::<Name<'de>, &'de RawValue>()? {
-                    members.push((name, value));
+                    members.push((name, Raw(value.get())));
                 }
                 Ok(Members(members))
             }
@@ -113,7 +130,7 @@ impl<'o> ObjectWriter<'o> {
 
     /// A member copied from [`Members`]: name and value as they came.
     #[allow(clippy::ptr_arg)] // whether the name is borrowed is the point
-    pub fn member(&mut self, name: &Cow<'_, str>, value: &RawValue) {
+    pub fn member(&mut self, name: &Cow<'_, str>, value: Raw<'_>) {
         self.comma();
         write_name(self.out, name);
         self.out.push(b':');
@@ -202,7 +219,7 @@ mod tests {
         w.value("v", &json!({"k": null}));
         let m = Members::parse(br#"{"plain":1,"esc\"aped\u0041":[2]}"#).unwrap();
         for (name, value) in &m.0 {
-            w.member(name, value);
+            w.member(name, *value);
         }
         w.finish();
         let v: Value = serde_json::from_slice(&out).unwrap();

@@ -6,39 +6,58 @@
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGHS: u64 = 0x8080_8080_8080_8080;
 
-/// Whether any byte lane of `x` is zero.
-fn has_zero(x: u64) -> bool {
-    x.wrapping_sub(ONES) & !x & HIGHS != 0
+/// The zero byte lanes of `x`, as each lane's high bit. Only the lowest set
+/// bit is exact (a borrow can flag lanes above a zero one), and the lowest
+/// is all a search needs.
+fn zero_lanes(x: u64) -> u64 {
+    x.wrapping_sub(ONES) & !x & HIGHS
 }
 
-/// How many leading bytes of `bytes` are whole words in which `hit` finds
-/// nothing: the answer is at or after that offset.
-fn clear_prefix(bytes: &[u8], hit: impl Fn(u64) -> bool) -> usize {
-    let mut clear = 0usize;
-    for word in bytes.chunks_exact(8) {
+/// The lanes of `x` below `n` (`n` at most 0x80), lowest exact as above.
+fn lanes_below(x: u64, n: u8) -> u64 {
+    x.wrapping_sub(ONES.wrapping_mul(u64::from(n))) & !x & HIGHS
+}
+
+/// The first byte `hit` accepts: whole words through `lanes` (which flags
+/// the same bytes), the tail byte by byte.
+fn first(bytes: &[u8], lanes: impl Fn(u64) -> u64, hit: impl Fn(u8) -> bool) -> Option<usize> {
+    let mut words = bytes.chunks_exact(8);
+    let mut at = 0usize;
+    for word in &mut words {
         let Ok(word) = <[u8; 8]>::try_from(word) else { break };
-        if hit(u64::from_le_bytes(word)) {
-            break;
+        let flagged = lanes(u64::from_le_bytes(word));
+        if flagged != 0 {
+            // Little-endian: the first byte is the lowest lane.
+            return Some(at.saturating_add((flagged.trailing_zeros() / 8) as usize));
         }
-        clear = clear.saturating_add(8);
+        at = at.saturating_add(8);
     }
-    clear
+    let offset = words.remainder().iter().position(|b| hit(*b))?;
+    Some(at.saturating_add(offset))
 }
 
 /// The first `byte` in `bytes`.
 pub fn position_of(bytes: &[u8], byte: u8) -> Option<usize> {
     let pattern = ONES.wrapping_mul(u64::from(byte));
-    let clear = clear_prefix(bytes, |w| has_zero(w ^ pattern));
-    let offset = bytes.get(clear..)?.iter().position(|b| *b == byte)?;
-    Some(clear.saturating_add(offset))
+    first(bytes, |w| zero_lanes(w ^ pattern), |b| b == byte)
 }
 
 /// The first byte of `bytes` that is `a` or `b`.
 pub fn position_of_either(bytes: &[u8], a: u8, b: u8) -> Option<usize> {
     let (pa, pb) = (ONES.wrapping_mul(u64::from(a)), ONES.wrapping_mul(u64::from(b)));
-    let clear = clear_prefix(bytes, |w| has_zero(w ^ pa) || has_zero(w ^ pb));
-    let offset = bytes.get(clear..)?.iter().position(|x| *x == a || *x == b)?;
-    Some(clear.saturating_add(offset))
+    first(bytes, |w| zero_lanes(w ^ pa) | zero_lanes(w ^ pb), |x| x == a || x == b)
+}
+
+/// The first byte of `bytes` that ends a run of plain JSON string text: a
+/// quote, a backslash or a control character (below 0x20, which JSON forbids
+/// unescaped).
+pub fn position_of_string_stop(bytes: &[u8]) -> Option<usize> {
+    let (quote, backslash) = (ONES.wrapping_mul(u64::from(b'"')), ONES.wrapping_mul(u64::from(b'\\')));
+    first(
+        bytes,
+        |w| zero_lanes(w ^ quote) | zero_lanes(w ^ backslash) | lanes_below(w, 0x20),
+        |b| b == b'"' || b == b'\\' || b < 0x20,
+    )
 }
 
 #[cfg(test)]
@@ -63,5 +82,15 @@ mod tests {
             }
         }
         assert_eq!(position_of(b"", b'a'), None);
+        let text: Vec<u8> = (0..75u32)
+            .map(|i| [b'a', b'"', 0x1f, b'\\', 0x20, 0xff, 0x80, 0][(i * 7 % 13 % 8) as usize])
+            .collect();
+        for start in 0..text.len() {
+            let tail = &text[start..];
+            let plain = tail.iter().position(|b| *b == b'"' || *b == b'\\' || *b < 0x20);
+            assert_eq!(position_of_string_stop(tail), plain);
+            let letters = vec![b'x'; tail.len()];
+            assert_eq!(position_of_string_stop(&letters), None);
+        }
     }
 }

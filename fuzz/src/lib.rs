@@ -535,11 +535,29 @@ pub fn check_build(api: Api, data: &[u8]) {
 /// An answer translator on a provider's 2xx body: a valid answer becomes a
 /// stamped OpenAI answer with consistent usage, deterministically; an
 /// invalid one is refused with a reason. Error bodies are read safely.
+/// The single-pass member split answers only where serde reads the same members.
+pub fn check_split(body: &[u8]) {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return;
+    };
+    let mut split = Vec::new();
+    if waygate::split::split(text, |name, value| split.push((name, value))).is_some() {
+        let serde: waygate::members::Members = serde_json::from_str(text).expect("serde reads what the split reads");
+        let serde: Vec<(&str, &str)> = serde
+            .0
+            .iter()
+            .map(|(name, value)| (name.as_ref(), value.get()))
+            .collect();
+        assert_eq!(split, serde);
+    }
+}
+
 pub fn check_answer(api: Api, data: &[u8]) {
     let Some((&selector, body)) = data.split_first() else {
         return;
     };
     let request = request_variant(selector);
+    check_split(body);
     let details = providers::error_details(api, body);
     assert_eq!(details, providers::error_details(api, body));
     let first = providers::translate_answer(api, &request, body);

@@ -60,7 +60,7 @@ fn passthrough_body(request: &ParsedRequest, upstream_model: &str, routing_field
     for (name, value) in &members.0 {
         let replaced = name == "model" || (request.stream && name == "stream_options");
         if !replaced && name != routing_field {
-            w.member(name, value);
+            w.member(name, *value);
         }
     }
     w.string("model", upstream_model);
@@ -122,7 +122,7 @@ pub fn finish_chat(stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), Strin
     }
     let usage = members
         .get("usage")
-        .and_then(Usage::from_openai_raw)
+        .and_then(|raw| Usage::from_openai_raw(raw.get()))
         .unwrap_or_default();
     let created = members
         .get("created")
@@ -136,7 +136,7 @@ pub fn finish_chat(stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), Strin
     w.string("model", &stamp.model);
     for (name, value) in &members.0 {
         if !matches!(name.as_ref(), "id" | "object" | "created" | "model" | "usage") {
-            w.member(name, value);
+            w.member(name, *value);
         }
     }
     w.value("usage", &usage.to_json());

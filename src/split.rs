@@ -1,0 +1,324 @@
+//! The fast path of [`crate::members::Members`]: one JSON object split into
+//! its top-level members in a single pass over the text, without serde's
+//! machinery per member (in wasm that machinery, not the bytes, was most of
+//! the cost of a stream event).
+//!
+//! It is conservative. It answers only for text that serde_json reads the
+//! same way: JSON as serde's raw values accept it, member names without
+//! escapes (serde borrows those as they are), nesting under [`MAX_DEPTH`].
+//! For anything else, valid or not, it says `None` and the caller asks serde,
+//! whose errors then name the problem. The raw values are the slices serde's
+//! `RawValue` gives: the value's own bytes, no whitespace around them.
+
+use crate::scan::position_of_string_stop;
+
+/// Deeper nesting is left to serde (which allows any depth in a raw value).
+const MAX_DEPTH: usize = 64;
+
+/// Calls `member(name, raw value)` for each top-level member in order;
+/// `None`: not sure (some members may have been given already).
+pub fn split<'a>(text: &'a str, mut member: impl FnMut(&'a str, &'a str)) -> Option<()> {
+    let mut c = Cursor {
+        bytes: text.as_bytes(),
+        at: 0,
+    };
+    c.whitespace();
+    c.eat(b'{')?;
+    c.whitespace();
+    if c.peek() == Some(b'}') {
+        c.advance(1);
+    } else {
+        loop {
+            c.whitespace();
+            let name = c.plain_name()?;
+            c.whitespace();
+            c.eat(b':')?;
+            c.whitespace();
+            let start = c.at;
+            c.value(0)?;
+            member(text.get(name.0..name.1)?, text.get(start..c.at)?);
+            c.whitespace();
+            match c.next()? {
+                b',' => {}
+                b'}' => break,
+                _ => return None,
+            }
+        }
+    }
+    c.whitespace();
+    (c.at == text.len()).then_some(())
+}
+
+/// A position in the text; every step either moves on or says `None`.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.at).copied()
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.at = self.at.saturating_add(n);
+    }
+
+    fn next(&mut self) -> Option<u8> {
+        let b = self.peek()?;
+        self.advance(1);
+        Some(b)
+    }
+
+    fn eat(&mut self, expected: u8) -> Option<()> {
+        (self.next()? == expected).then_some(())
+    }
+
+    /// JSON's four whitespace bytes, as serde skips them.
+    fn whitespace(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\n' | b'\t' | b'\r')) {
+            self.advance(1);
+        }
+    }
+
+    /// A name without escapes: the span between its quotes.
+    fn plain_name(&mut self) -> Option<(usize, usize)> {
+        self.eat(b'"')?;
+        let start = self.at;
+        let stop = position_of_string_stop(self.bytes.get(start..)?)?;
+        self.advance(stop);
+        // A backslash or a control character: serde's to read (or refuse).
+        self.eat(b'"')?;
+        Some((start, start.saturating_add(stop)))
+    }
+
+    fn value(&mut self, depth: usize) -> Option<()> {
+        match self.peek()? {
+            b'"' => {
+                self.advance(1);
+                self.string_rest()
+            }
+            b'{' | b'[' if depth >= MAX_DEPTH => None,
+            b'{' => self.object(depth.saturating_add(1)),
+            b'[' => self.array(depth.saturating_add(1)),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'-' => {
+                self.advance(1);
+                self.number()
+            }
+            b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    /// A string after its opening quote, escapes as serde's raw values
+    /// accept them (any four hex digits after `\u`).
+    fn string_rest(&mut self) -> Option<()> {
+        loop {
+            let stop = position_of_string_stop(self.bytes.get(self.at..)?)?;
+            self.advance(stop);
+            match self.next()? {
+                b'"' => return Some(()),
+                b'\\' => match self.next()? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                    b'u' => {
+                        for _ in 0..4 {
+                            if !self.next()?.is_ascii_hexdigit() {
+                                return None;
+                            }
+                        }
+                    }
+                    _ => return None,
+                },
+                // A control character.
+                _ => return None,
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Option<()> {
+        self.eat(b'{')?;
+        self.whitespace();
+        if self.peek()? == b'}' {
+            self.advance(1);
+            return Some(());
+        }
+        loop {
+            self.whitespace();
+            self.eat(b'"')?;
+            self.string_rest()?;
+            self.whitespace();
+            self.eat(b':')?;
+            self.whitespace();
+            self.value(depth)?;
+            self.whitespace();
+            match self.next()? {
+                b',' => {}
+                b'}' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Option<()> {
+        self.eat(b'[')?;
+        self.whitespace();
+        if self.peek()? == b']' {
+            self.advance(1);
+            return Some(());
+        }
+        loop {
+            self.whitespace();
+            self.value(depth)?;
+            self.whitespace();
+            match self.next()? {
+                b',' => {}
+                b']' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        let end = self.at.checked_add(word.len())?;
+        (self.bytes.get(self.at..end)? == word).then(|| self.at = end)
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.at;
+        while self.peek().is_some_and(|b| b.is_ascii_digit()) {
+            self.advance(1);
+        }
+        self.at.saturating_sub(start)
+    }
+
+    /// A number after its sign, in serde's grammar: one leading zero at
+    /// most, digits after a point, digits after an exponent's sign.
+    fn number(&mut self) -> Option<()> {
+        match self.next()? {
+            b'0' if self.peek().is_some_and(|b| b.is_ascii_digit()) => return None,
+            b'0' => {}
+            b'1'..=b'9' => {
+                self.digits();
+            }
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.advance(1);
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.advance(1);
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.advance(1);
+            }
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        Some(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What serde makes of `text` as an object of raw members, when it can.
+    fn serde_split(text: &str) -> Option<Vec<(String, String)>> {
+        let members = serde_json::from_str::<crate::members::Members>(text).ok()?;
+        Some(
+            members
+                .0
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.get().to_string()))
+                .collect(),
+        )
+    }
+
+    fn ours(text: &str) -> Option<Vec<(&str, &str)>> {
+        let mut members = Vec::new();
+        split(text, |k, v| members.push((k, v)))?;
+        Some(members)
+    }
+
+    /// Whenever the split answers, serde reads the text the same way.
+    fn agrees(text: &str) {
+        if let Some(ours) = ours(text) {
+            let ours: Vec<(String, String)> = ours.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            assert_eq!(Some(ours), serde_split(text), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn plain_objects_split_as_serde_splits_them() {
+        for text in [
+            r#"{"id":"c1","object":"chat.completion.chunk","created":1755137933,"model":"gpt-5-nano","service_tier":"default","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":" there"},"finish_reason":null}],"obfuscation":"LcdzdJdMMgDHt6"}"#,
+            " { \"b\" : 1.50 ,\n\t\"a\": {\"x\": [1, 2, {}, []]}, \"b\": \"two\" }\r\n",
+            r#"{}"#,
+            r#"{"a":-0.5e+10,"b":0,"c":-0,"d":1E3,"e":true,"f":false,"g":null,"h":[]}"#,
+            r#"{"s":"esc \" \\ \/ \b \f \n \r \t \u00e9 \uD800 é ☃"}"#,
+            r#"{"nested":{"k\u0041":"v","":{"":[[[]]]}}}"#,
+        ] {
+            assert!(ours(text).is_some(), "{text}");
+            agrees(text);
+        }
+        let m = ours(r#"{ "b" : 1.50 , "a": {"x": [1]} }"#).unwrap();
+        assert_eq!(m, [("b", "1.50"), ("a", r#"{"x": [1]}"#)]);
+    }
+
+    #[test]
+    fn anything_unusual_is_left_to_serde() {
+        for text in [
+            "",
+            "[]",
+            "{",
+            r#"{"a":1,}"#,
+            r#"{"a":[1,]}"#,
+            r#"{"a":01}"#,
+            r#"{"a":1.}"#,
+            r#"{"a":1e}"#,
+            r#"{"a":+1}"#,
+            r#"{"a":.5}"#,
+            r#"{"a":tru}"#,
+            r#"{"a":nul}"#,
+            r#"{"a":"x\q"}"#,
+            r#"{"a":"\u12G4"}"#,
+            "{\"a\":\"tab\tinside\"}",
+            r#"{"esc\"aped":1}"#,
+            r#"{"a":1} x"#,
+            r#"{"a":1}{"#,
+            r#"{"a" 1}"#,
+            r#"{"a":1 "b":2}"#,
+            r#"{a:1}"#,
+            r#"{"a":{1:2}}"#,
+            "\u{feff}{}",
+        ] {
+            assert!(ours(text).is_none(), "{text}");
+        }
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert!(ours(&deep).is_none());
+        let fits = format!("{{\"a\":{}{}}}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(ours(&fits).is_some());
+        agrees(&fits);
+    }
+
+    #[test]
+    fn every_cut_of_an_event_is_refused_or_read_as_serde_reads_it() {
+        let event = r#"{"id":"c1","n":-12.5e-3,"choices":[{"index":0,"delta":{"content":"Hi \"you\"\n"},"finish_reason":null}],"x":[true,false,null,{}]}"#;
+        for end in 0..event.len() {
+            let cut = &event[..end];
+            agrees(cut);
+            // And with one byte changed to each interesting byte.
+            for b in [b'"', b'\\', b',', b'}', b']', b'0', b'-', b'e', b'.', b' ', b'x', b'\t'] {
+                let mut bytes = event.as_bytes().to_vec();
+                bytes[end] = b;
+                agrees(std::str::from_utf8(&bytes).unwrap());
+            }
+        }
+    }
+}

@@ -99,8 +99,8 @@ impl Cursor<'_> {
                 self.string_rest()
             }
             b'{' | b'[' if depth >= MAX_DEPTH => None,
-            b'{' => self.object(depth.saturating_add(1)),
-            b'[' => self.array(depth.saturating_add(1)),
+            b'{' => self.container(b'}', depth.saturating_add(1)),
+            b'[' => self.container(b']', depth.saturating_add(1)),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
@@ -138,44 +138,29 @@ impl Cursor<'_> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Option<()> {
-        self.eat(b'{')?;
+    /// An object (`close` is `}`: `"name": value` members) or an array
+    /// (`]`: values), its opening bracket next.
+    fn container(&mut self, close: u8, depth: usize) -> Option<()> {
+        self.advance(1);
         self.whitespace();
-        if self.peek()? == b'}' {
+        if self.peek()? == close {
             self.advance(1);
             return Some(());
         }
         loop {
             self.whitespace();
-            self.eat(b'"')?;
-            self.string_rest()?;
-            self.whitespace();
-            self.eat(b':')?;
-            self.whitespace();
-            self.value(depth)?;
-            self.whitespace();
-            match self.next()? {
-                b',' => {}
-                b'}' => return Some(()),
-                _ => return None,
+            if close == b'}' {
+                self.eat(b'"')?;
+                self.string_rest()?;
+                self.whitespace();
+                self.eat(b':')?;
+                self.whitespace();
             }
-        }
-    }
-
-    fn array(&mut self, depth: usize) -> Option<()> {
-        self.eat(b'[')?;
-        self.whitespace();
-        if self.peek()? == b']' {
-            self.advance(1);
-            return Some(());
-        }
-        loop {
-            self.whitespace();
             self.value(depth)?;
             self.whitespace();
             match self.next()? {
                 b',' => {}
-                b']' => return Some(()),
+                b if b == close => return Some(()),
                 _ => return None,
             }
         }

@@ -124,8 +124,8 @@ impl RunningHost {
         self.admin
     }
 
-    /// Every plugin log line so far (and the host's own `waygate-host: ...` diagnostics),
-    /// as printed to stderr: `wasm log <plugin_name> <root_id> <vm_id>: <level>: <msg>`.
+    /// The plugin log lines so far (and the host's own `waygate-host: ...` diagnostics;
+    /// the most recent [`logs::KEPT_LINES`]), as printed to stderr: `wasm log <plugin_name> <root_id> <vm_id>: <level>: <msg>`.
     pub fn logs(&self) -> Vec<String> {
         self.logs.lines()
     }

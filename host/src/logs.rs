@@ -1,4 +1,4 @@
-//! Plugin log lines: printed to stderr and kept for [`crate::RunningHost::logs`].
+//! Plugin log lines: printed to stderr, the most recent kept for [`crate::RunningHost::logs`].
 //!
 //! Envoy writes `wasm log <plugin_name> <root_id> <vm_id>: <message>` to its `wasm`
 //! logger (`Context::log`, context.cc); the level is in spdlog's prefix. We print
@@ -8,6 +8,8 @@
 //! `fd_write` to stdout/stderr arrives here at info/error (cpp-host `exports.cc`).
 //! Host-side diagnostics (`waygate-host: ...`) go to the same store.
 
+use std::collections::VecDeque;
+use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use proxy_wasm_host::abi::v0_2_1::types::LogLevel as AbiLevel;
@@ -73,16 +75,40 @@ impl LogLevel {
     }
 }
 
-/// Every line printed so far, shared by all VMs of one running host.
+/// How many lines a host keeps in memory for [`crate::RunningHost::logs`]; older ones
+/// are only on stderr, so a long-running host does not grow by a line per request.
+pub const KEPT_LINES: usize = 10_000;
+
+/// The most recent lines printed, shared by all VMs of one running host.
 #[derive(Debug, Default, Clone)]
 pub struct LogStore {
-    lines: Arc<Mutex<Vec<String>>>,
+    kept: Arc<Mutex<Kept>>,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    lines: VecDeque<String>,
+    /// Lines ever pushed, so a caller can ask for what came after a point.
+    total: u64,
 }
 
 impl LogStore {
     pub fn push(&self, line: String) {
-        eprintln!("{line}");
-        self.lines.lock().unwrap_or_else(PoisonError::into_inner).push(line);
+        // Stderr is unbuffered: one write for the line and its newline, not two.
+        let mut printed = Vec::with_capacity(line.len().saturating_add(1));
+        printed.extend_from_slice(line.as_bytes());
+        printed.push(b'\n');
+        let _ = std::io::stderr().write_all(&printed);
+        self.keep(line);
+    }
+
+    fn keep(&self, line: String) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.lines.len() >= KEPT_LINES {
+            kept.lines.pop_front();
+        }
+        kept.lines.push_back(line);
+        kept.total = kept.total.saturating_add(1);
     }
 
     /// A host diagnostic (not a plugin line), e.g. a content-length mismatch.
@@ -91,7 +117,21 @@ impl LogStore {
     }
 
     pub fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.lines.iter().cloned().collect()
+    }
+
+    /// A point to ask [`LogStore::since`] about.
+    pub fn mark(&self) -> u64 {
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner).total
+    }
+
+    /// The kept lines pushed after `mark`.
+    pub fn since(&self, mark: u64) -> Vec<String> {
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        let newer = usize::try_from(kept.total.saturating_sub(mark)).unwrap_or(usize::MAX);
+        let skip = kept.lines.len().saturating_sub(newer);
+        kept.lines.iter().skip(skip).cloned().collect()
     }
 }
 
@@ -122,5 +162,30 @@ impl LogSink for PluginSink {
         let message = message.strip_suffix('\n').unwrap_or(&message);
         self.store
             .push(format!("{}: {}: {}", self.prefix, level.name(), message));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_keeps_the_most_recent_lines_and_what_came_after_a_mark() {
+        let store = LogStore::default();
+        store.keep("a".into());
+        let mark = store.mark();
+        store.keep("b".into());
+        store.keep("c".into());
+        assert_eq!(store.since(mark), ["b", "c"]);
+        for n in 0..KEPT_LINES {
+            store.keep(n.to_string());
+        }
+        let lines = store.lines();
+        assert_eq!(lines.len(), KEPT_LINES);
+        assert_eq!(lines.first().map(String::as_str), Some("0"));
+        let mark = store.mark();
+        store.keep("last".into());
+        assert_eq!(store.since(mark), ["last"]);
+        assert_eq!(store.since(0).len(), KEPT_LINES, "older lines are gone, not repeated");
     }
 }

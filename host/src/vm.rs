@@ -136,12 +136,11 @@ impl PluginRuntime {
             pending: Mutex::new(Vec::new()),
         });
         let services = self.services.clone().with_callouts(queue.clone());
-        let lines_before = self.logs.lines().len();
+        let mark = self.logs.mark();
         let mut guest = Guest::new(&self.host, &self.module, services, &self.limits)
             .map_err(|e| HostError::Wasm(format!("{}: {e}", self.plugin.code.display())))?;
         let refused = |what: String| {
-            let lines = self.logs.lines();
-            let plugin_lines: Vec<String> = lines.into_iter().skip(lines_before).collect();
+            let plugin_lines = self.logs.since(mark);
             HostError::PluginRefused {
                 plugin: self.plugin.name.clone(),
                 reason: what,

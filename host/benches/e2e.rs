@@ -26,6 +26,34 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const PINNED_ENV: &str = "WAYGATE_BENCH_PINNED";
+/// Set in the child that serves as a bare TCP relay to the address it holds.
+const RELAY_ENV: &str = "WAYGATE_BENCH_RELAY";
+/// The hosts that poll instead of sleeping (`waygate-host --busy-poll-us`) poll this long
+/// after their last read: longer than a closed-loop client takes to send its next request.
+const BUSY_POLL_US: &str = "1000";
+
+/// The floor of any proxy on this topology: a process on CPU 0 that copies bytes between
+/// each client connection and its own upstream connection and does nothing else (no
+/// HTTP parsing). What it adds over the direct upstream is the cost of the extra hop
+/// itself (two more loopback writes and wake-ups per request), which no gateway can avoid.
+fn relay(upstream: &str) -> Result<(), Error> {
+    let upstream: SocketAddr = upstream.parse()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("relay listening on http://{}", listener.local_addr()?);
+        loop {
+            let (mut client, _) = listener.accept().await?;
+            tokio::spawn(async move {
+                let Ok(mut server) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    })
+}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -35,6 +63,13 @@ fn repo() -> PathBuf {
 }
 
 fn main() {
+    if let Ok(upstream) = std::env::var(RELAY_ENV) {
+        if let Err(e) = relay(&upstream) {
+            eprintln!("relay failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = run() {
         eprintln!("e2e bench failed: {e}");
         std::process::exit(1);
@@ -89,7 +124,7 @@ fn run() -> Result<(), Error> {
     std::fs::write(&gateway_yaml, bootstrap(&root, fakes.addr, Some((&plugin, &wasm)))?)?;
     let plain_yaml = work.join("no-filter.yaml");
     std::fs::write(&plain_yaml, bootstrap(&root, fakes.addr, None)?)?;
-    let host = |yaml: &Path| -> Result<Proc, Error> {
+    let host = |yaml: &Path, busy_poll: bool| -> Result<Proc, Error> {
         let mut cmd = if pin {
             let mut c = Command::new("taskset");
             c.args(["-c", "0"]).arg(&host_bin);
@@ -98,10 +133,27 @@ fn run() -> Result<(), Error> {
             Command::new(&host_bin)
         };
         cmd.arg("-c").arg(yaml).args(["--concurrency", "1"]).current_dir(&root);
+        if busy_poll {
+            cmd.args(["--busy-poll-us", BUSY_POLL_US]);
+        }
         Proc::spawn(&mut cmd, Stream::Stderr, "waygate-host: listener waygate on http://")
     };
-    let gateway = host(&gateway_yaml)?;
-    let plain = host(&plain_yaml)?;
+    let gateway = host(&gateway_yaml, false)?;
+    let plain = host(&plain_yaml, false)?;
+    let gateway_polling = host(&gateway_yaml, true)?;
+    let plain_polling = host(&plain_yaml, true)?;
+    let relay = {
+        let exe = std::env::current_exe()?;
+        let mut cmd = if pin {
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0"]).arg(exe);
+            c
+        } else {
+            Command::new(exe)
+        };
+        cmd.env(RELAY_ENV, fakes.addr.to_string());
+        Proc::spawn(&mut cmd, Stream::Stdout, "relay listening on http://")?
+    };
 
     let body: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/chat_1k.json"))?)?;
     let targets = Targets::new(&body, fakes.addr);
@@ -127,10 +179,18 @@ fn run() -> Result<(), Error> {
     // Concurrency 1: rounds interleaved so a noisy neighbour hits every target alike.
     let mut c1: Vec<(&str, &[u8], SocketAddr)> = vec![
         ("direct upstream (openai)", &targets.direct, fakes.addr),
+        ("bare TCP relay (openai)", &targets.direct, relay.addr),
         ("host, no filter (openai)", &targets.plain, plain.addr),
         ("gateway (openai)", &targets.gateway, gateway.addr),
         ("host, no filter (anthropic)", &targets.plain_anthropic, plain.addr),
         ("gateway (anthropic)", &targets.gateway_anthropic, gateway.addr),
+        ("polling host, no filter", &targets.plain, plain_polling.addr),
+        ("polling gateway (openai)", &targets.gateway, gateway_polling.addr),
+        (
+            "polling gateway (anthropic)",
+            &targets.gateway_anthropic,
+            gateway_polling.addr,
+        ),
     ];
     if let Some(p) = &portkey {
         c1.push(("Portkey 1.15.2 (openai)", &targets.portkey, p.addr));
@@ -152,16 +212,21 @@ fn run() -> Result<(), Error> {
     print_table(&c1.iter().map(|t| t.0).collect::<Vec<_>>(), &c1_stats, 0);
     let cost = |g: usize, p: usize| us(c1_stats[g].p(0.5) - c1_stats[p].p(0.5));
     println!(
-        "  filter's cost in the host (gateway - host without filter, p50): openai {} µs, anthropic {} µs",
-        cost(2, 1),
-        cost(4, 3)
+        "  filter's cost in the host (gateway - host without filter, p50): openai {} µs, anthropic {} µs; \
+         polling hosts (--busy-poll-us {BUSY_POLL_US}): openai {} µs, anthropic {} µs",
+        cost(3, 2),
+        cost(5, 4),
+        cost(7, 6),
+        cost(8, 6)
     );
 
     // Concurrency 64.
     let mut c64: Vec<(&str, &[u8], SocketAddr)> = vec![
         ("direct upstream (openai)", &targets.direct, fakes.addr),
+        ("bare TCP relay (openai)", &targets.direct, relay.addr),
         ("host, no filter (openai)", &targets.plain, plain.addr),
         ("gateway (openai)", &targets.gateway, gateway.addr),
+        ("polling gateway (openai)", &targets.gateway, gateway_polling.addr),
     ];
     if let Some(p) = &portkey {
         c64.push(("Portkey 1.15.2 (openai)", &targets.portkey, p.addr));
@@ -176,10 +241,15 @@ fn run() -> Result<(), Error> {
     print_table(&c64.iter().map(|t| t.0).collect::<Vec<_>>(), &c64_stats, 0);
 
     // Streaming: 20 data frames (+ [DONE]), concurrency 16. The fake waits ~1 ms between frames.
-    let streams: [(&str, &[u8], SocketAddr); 3] = [
+    let streams: [(&str, &[u8], SocketAddr); 4] = [
         ("direct upstream (openai)", &targets.direct_stream, fakes.addr),
         ("host, no filter (openai)", &targets.direct_stream, plain.addr),
         ("gateway (openai)", &targets.gateway_stream, gateway.addr),
+        (
+            "polling gateway (openai)",
+            &targets.gateway_stream,
+            gateway_polling.addr,
+        ),
     ];
     let ns = 16 * 25;
     let mut stream_stats = Vec::new();
@@ -218,7 +288,8 @@ fn run() -> Result<(), Error> {
         println!("  (Portkey streams not measured: its streaming path fails on this Node version)");
     }
     let status = |p: &Proc| p.alive();
-    if !(status(&gateway) && status(&plain) && status(&fakes) && portkey.as_ref().is_none_or(status)) {
+    let servers = [&gateway, &plain, &gateway_polling, &plain_polling, &relay, &fakes];
+    if !(servers.into_iter().all(status) && portkey.as_ref().is_none_or(status)) {
         return Err("a server process died during the run".into());
     }
     Ok(())

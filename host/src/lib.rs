@@ -8,7 +8,7 @@
 //!
 //! Modules, each with one job:
 //! [`config`] (the bootstrap), `vm` (VMs and `http_call` intake), `worker` (threads and
-//! connections), `stream` (one request through the plugin and the router), `router`
+//! connections), `busy_poll` (a worker polling instead of sleeping between reads), `stream` (one request through the plugin and the router), `router`
 //! (route selection), `upstream` (clusters, TLS, pool), `calls` (`dispatch_http_call`),
 //! `local_reply` (Envoy's local replies), `shared` (shared data and metrics), `admin`,
 //! [`access_log`] (the HCM's access loggers and their format), [`logs`].
@@ -20,6 +20,7 @@ pub mod logs;
 
 mod admin;
 mod body;
+mod busy_poll;
 mod calls;
 mod local_reply;
 mod router;
@@ -35,6 +36,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -54,6 +56,9 @@ pub struct HostOptions {
     /// The lowest plugin log level printed and kept (Envoy's `wasm` component level;
     /// default info, so trace/debug lines are dropped as Envoy drops them).
     pub log_level: LogLevel,
+    /// How long a worker keeps polling its sockets after its last read before it sleeps
+    /// (`busy_poll`; zero, the default, sleeps at once as Envoy does).
+    pub busy_poll: Duration,
 }
 
 impl Default for HostOptions {
@@ -63,6 +68,7 @@ impl Default for HostOptions {
             env: None,
             base_dir: PathBuf::from("."),
             log_level: LogLevel::Info,
+            busy_poll: Duration::ZERO,
         }
     }
 }
@@ -271,6 +277,7 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
             clusters: bootstrap.clusters.clone(),
             logs: logs.clone(),
             access_logs: loggers.clone(),
+            busy_poll: options.busy_poll,
         };
         let handle = worker::spawn(spec, shutdown_rx.clone(), ready_tx.clone())?;
         workers.push(handle.thread);

@@ -1,4 +1,4 @@
-//! `waygate-host -c <bootstrap.yaml> [--concurrency N] [--log-level LEVEL]` runs the host
+//! `waygate-host -c <bootstrap.yaml> [--concurrency N] [--busy-poll-us N] [--log-level LEVEL]` runs the host
 //! until SIGINT/SIGTERM; `waygate-host fake-providers --listen ADDR` runs the fakes.
 
 use std::path::PathBuf;
@@ -12,7 +12,8 @@ use waygate_host::{HostOptions, LogLevel};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const USAGE: &str = "usage:
-  waygate-host -c <bootstrap.yaml> [--concurrency N] [--log-level trace|debug|info|warn|error|critical]
+  waygate-host -c <bootstrap.yaml> [--concurrency N] [--busy-poll-us N]
+                  [--log-level trace|debug|info|warn|error|critical]
   waygate-host fake-providers --listen 127.0.0.1:PORT";
 
 fn main() -> ExitCode {
@@ -56,6 +57,13 @@ fn run(args: &[String]) -> Result<(), String> {
                 options.concurrency = text
                     .parse()
                     .map_err(|_| format!("--concurrency {text}: not a number"))?;
+            }
+            "--busy-poll-us" => {
+                let text = value()?;
+                let micros: u64 = text
+                    .parse()
+                    .map_err(|_| format!("--busy-poll-us {text}: not a number"))?;
+                options.busy_poll = std::time::Duration::from_micros(micros);
             }
             "--log-level" => {
                 let text = value()?;

@@ -28,6 +28,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use crate::body::HostBody;
+use crate::busy_poll::Active;
 use crate::config::{Cluster, DiscoveryType};
 use crate::tls;
 
@@ -211,7 +212,7 @@ async fn connect(upstream: &Upstream, sni: Option<&str>) -> Result<Idle, Upstrea
         .map_err(|e| UpstreamError::ConnectFailure(format!("connect to {address}: {e}")))?;
     let _ = tcp.set_nodelay(true);
     let sender = match &upstream.tls {
-        None => handshake(TokioIo::new(tcp)).await,
+        None => handshake(TokioIo::new(Active(tcp))).await,
         Some(config) => {
             // auto_sni's name, else the cluster's `sni`, else the endpoint's host (rustls
             // needs a name to verify against; an IP address sends no SNI).
@@ -226,7 +227,7 @@ async fn connect(upstream: &Upstream, sni: Option<&str>) -> Result<Idle, Upstrea
                 .await
                 .map_err(|_| UpstreamError::ConnectFailure("TLS handshake timed out".to_owned()))?
                 .map_err(|e| UpstreamError::ConnectFailure(format!("TLS error: {e}")))?;
-            handshake(TokioIo::new(stream)).await
+            handshake(TokioIo::new(Active(stream))).await
         }
     }?;
     Ok((sender, address))

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::HostError;
 use crate::access_log::Logger;
+use crate::busy_poll::Active;
 use crate::config::{Cluster, Listener};
 use crate::logs::LogStore;
 use crate::stream::{self, ConnInfo, ListenerCtx};
@@ -39,6 +40,8 @@ pub struct WorkerSpec {
     pub logs: LogStore,
     /// Each listener's opened access loggers, by listener name.
     pub access_logs: HashMap<String, Arc<Vec<Logger>>>,
+    /// See [`crate::busy_poll`].
+    pub busy_poll: std::time::Duration,
 }
 
 pub struct WorkerHandle {
@@ -89,6 +92,7 @@ fn run(
             crate::calls::spawn_pending(ctx);
             tokio::task::spawn_local(ticks(Rc::clone(ctx)));
         }
+        crate::busy_poll::start(spec.busy_poll);
         let _ = ready.send(Ok(()));
         loop {
             tokio::select! {
@@ -179,6 +183,6 @@ async fn serve(ctx: Rc<ListenerCtx>, accepted: Accepted) {
     let service = service_fn(move |request| stream::handle(Rc::clone(&ctx), Rc::clone(&conn), request));
     let _ = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection(TokioIo::new(Active(stream)), service)
         .await;
 }

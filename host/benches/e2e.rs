@@ -157,10 +157,17 @@ fn run() -> Result<(), Error> {
 
     let body: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/chat_1k.json"))?)?;
     let targets = Targets::new(&body, fakes.addr);
-    // Peers, only on request: installed from npm by package name into target/bench/peers.
+    // Peers, only on request: installed from npm or PyPI by package name into
+    // target/bench/peers.
     let peers = std::env::var("WAYGATE_BENCH_PEERS").unwrap_or_default();
-    let portkey = if peers.split(',').any(|p| p.trim() == "portkey") {
+    let asked = |name: &str| peers.split(',').any(|p| p.trim() == name);
+    let portkey = if asked("portkey") {
         Some(start_portkey(&work, pin)?)
+    } else {
+        None
+    };
+    let litellm = if asked("litellm") {
+        Some(start_litellm(&work, pin, fakes.addr)?)
     } else {
         None
     };
@@ -192,17 +199,23 @@ fn run() -> Result<(), Error> {
             gateway_polling.addr,
         ),
     ];
+    // Peers that serve a few hundred requests a second get a fifth of the requests.
+    let ours = c1.len();
     if let Some(p) = &portkey {
         c1.push(("Portkey 1.15.2 (openai)", &targets.portkey, p.addr));
     }
+    if let Some(p) = &litellm {
+        c1.push(("LiteLLM 1.106.2 (openai)", &targets.litellm, p.addr));
+    }
     let (rounds, per_round) = (3, 1500);
+    let count = |i: usize, n: usize| if i < ours { n } else { n / 5 };
     let mut c1_stats: Vec<Stats> = c1.iter().map(|_| Stats::default()).collect();
-    for (_, req, addr) in &c1 {
-        rt.block_on(load(*addr, req, 1, 300))?;
+    for (i, (_, req, addr)) in c1.iter().enumerate() {
+        rt.block_on(load(*addr, req, 1, count(i, 300)))?;
     }
     for _ in 0..rounds {
         for (i, (_, req, addr)) in c1.iter().enumerate() {
-            c1_stats[i].merge(rt.block_on(load(*addr, req, 1, per_round))?);
+            c1_stats[i].merge(rt.block_on(load(*addr, req, 1, count(i, per_round)))?);
         }
     }
     println!(
@@ -228,16 +241,24 @@ fn run() -> Result<(), Error> {
         ("gateway (openai)", &targets.gateway, gateway.addr),
         ("polling gateway (openai)", &targets.gateway, gateway_polling.addr),
     ];
+    let ours = c64.len();
     if let Some(p) = &portkey {
         c64.push(("Portkey 1.15.2 (openai)", &targets.portkey, p.addr));
     }
-    let n64 = 30_000;
-    let mut c64_stats = Vec::new();
-    for (_, req, addr) in &c64 {
-        rt.block_on(load(*addr, req, 64, 2000))?;
-        c64_stats.push(rt.block_on(load(*addr, req, 64, n64))?);
+    if let Some(p) = &litellm {
+        c64.push(("LiteLLM 1.106.2 (openai)", &targets.litellm, p.addr));
     }
-    println!("non-streaming ~1 KB chat, concurrency 64, {n64} requests each:");
+    let n64 = 30_000;
+    let count = |i: usize, n: usize| if i < ours { n } else { n / 10 };
+    let mut c64_stats = Vec::new();
+    for (i, (_, req, addr)) in c64.iter().enumerate() {
+        rt.block_on(load(*addr, req, 64, count(i, 2000)))?;
+        c64_stats.push(rt.block_on(load(*addr, req, 64, count(i, n64)))?);
+    }
+    println!(
+        "non-streaming ~1 KB chat, concurrency 64, {n64} requests each ({} for peers):",
+        count(usize::MAX, n64)
+    );
     print_table(&c64.iter().map(|t| t.0).collect::<Vec<_>>(), &c64_stats, 0);
 
     // Streaming: 20 data frames (+ [DONE]), concurrency 16. The fake waits ~1 ms between frames.
@@ -289,7 +310,7 @@ fn run() -> Result<(), Error> {
     }
     let status = |p: &Proc| p.alive();
     let servers = [&gateway, &plain, &gateway_polling, &plain_polling, &relay, &fakes];
-    if !(servers.into_iter().all(status) && portkey.as_ref().is_none_or(status)) {
+    if !(servers.into_iter().all(status) && [&portkey, &litellm].into_iter().flatten().all(status)) {
         return Err("a server process died during the run".into());
     }
     Ok(())
@@ -387,6 +408,7 @@ struct Targets {
     direct_stream: Vec<u8>,
     gateway_stream: Vec<u8>,
     portkey: Vec<u8>,
+    litellm: Vec<u8>,
 }
 
 fn http(path: &str, headers: &[(&str, &str)], body: &Value) -> Vec<u8> {
@@ -440,6 +462,11 @@ impl Targets {
             gateway_anthropic: http(gw_path, &dev_key, &with("fakeanthropic/claude-sonnet-4", false)),
             direct_stream: http("/v1/chat/completions", &openai_key, &with("long-18", true)),
             gateway_stream: http(gw_path, &dev_key, &with("fake/long-18", true)),
+            litellm: http(
+                "/v1/chat/completions",
+                &[("authorization", &format!("Bearer {LITELLM_KEY}"))],
+                &with("gpt-4o-mini", false),
+            ),
             portkey: http(
                 "/v1/chat/completions",
                 &[
@@ -655,6 +682,76 @@ fn start_portkey(work: &Path, pin: bool) -> Result<Proc, Error> {
         child: cmd.spawn().map_err(|e| format!("node: {e}"))?,
         addr: SocketAddr::from(([127, 0, 0, 1], port)),
     };
+    proc.wait_ready()?;
+    Ok(proc)
+}
+
+const LITELLM: &str = "litellm[proxy]==1.106.2";
+/// LiteLLM's proxy refuses to start without a master key; requests carry it.
+const LITELLM_KEY: &str = "sk-waygate-bench-7f3c9a1e5b2d4086";
+
+/// LiteLLM's proxy from PyPI (installed once into a venv in target/bench/peers), one
+/// uvicorn worker on CPU 0 like the gateway, its one model routed to the fake upstream.
+fn start_litellm(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Error> {
+    let venv = work.join("peers/litellm");
+    let bin = venv.join("bin/litellm");
+    if !bin.exists() {
+        for (program, args) in [
+            (
+                "python3",
+                vec!["-m".to_string(), "venv".to_string(), venv.display().to_string()],
+            ),
+            (
+                &*venv.join("bin/pip").display().to_string(),
+                vec!["install".to_string(), "-q".to_string(), LITELLM.to_string()],
+            ),
+        ] {
+            let status = Command::new(program)
+                .args(&args)
+                .status()
+                .map_err(|e| format!("{program}: {e}"))?;
+            if !status.success() {
+                return Err(format!("installing {LITELLM} failed ({program})").into());
+            }
+        }
+    }
+    let config = venv.join("bench.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "model_list:\n  - model_name: gpt-4o-mini\n    litellm_params:\n      model: openai/gpt-4o-mini\n      \
+             api_base: http://{fake}/v1\n      api_key: fake-openai-key\n"
+        ),
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut cmd = if pin {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    cmd.arg("--config")
+        .arg(&config)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--num_workers", "1"])
+        .env("LITELLM_MASTER_KEY", LITELLM_KEY)
+        // The model price list ships with the package: no fetch at start-up.
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .env("LITELLM_TELEMETRY", "False")
+        .env("LITELLM_LOG", "ERROR")
+        .current_dir(&venv)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let proc = Proc {
+        child: cmd.spawn().map_err(|e| format!("litellm: {e}"))?,
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+    };
+    // Its start-up (imports, the proxy's set-up) takes seconds.
+    for _ in 0..3 {
+        if proc.wait_ready().is_ok() {
+            return Ok(proc);
+        }
+    }
     proc.wait_ready()?;
     Ok(proc)
 }

@@ -267,6 +267,7 @@ fn gateway() -> Gateway {
         env: Some(Default::default()),
         base_dir: common::root(),
         log_level: LogLevel::Warn,
+        ..Default::default()
     };
     let host = waygate_host::start(&serde_yaml::to_string(&doc).unwrap(), options).unwrap();
     let addr = host.listener_addr("waygate").unwrap();

@@ -13,12 +13,10 @@
 //! first byte written to its last byte read; p50/p99 from all of them, req/s from the
 //! wall time. Streams also time the first body byte (the first SSE frame).
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -118,13 +116,14 @@ fn run() -> Result<(), Error> {
         Command::new(&host_bin).args(["fake-providers", "--listen", "127.0.0.1:0"]),
         Stream::Stdout,
         "fake providers listening on http://",
+        &work.join("fakes.log"),
     )?;
     let plugin: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/plugin.json"))?)?;
     let gateway_yaml = work.join("gateway.yaml");
     std::fs::write(&gateway_yaml, bootstrap(&root, fakes.addr, Some((&plugin, &wasm)))?)?;
     let plain_yaml = work.join("no-filter.yaml");
     std::fs::write(&plain_yaml, bootstrap(&root, fakes.addr, None)?)?;
-    let host = |yaml: &Path, busy_poll: bool| -> Result<Proc, Error> {
+    let host = |yaml: &Path, busy_poll: bool, log: &Path| -> Result<Proc, Error> {
         let mut cmd = if pin {
             let mut c = Command::new("taskset");
             c.args(["-c", "0"]).arg(&host_bin);
@@ -136,12 +135,17 @@ fn run() -> Result<(), Error> {
         if busy_poll {
             cmd.args(["--busy-poll-us", BUSY_POLL_US]);
         }
-        Proc::spawn(&mut cmd, Stream::Stderr, "waygate-host: listener waygate on http://")
+        Proc::spawn(
+            &mut cmd,
+            Stream::Stderr,
+            "waygate-host: listener waygate on http://",
+            log,
+        )
     };
-    let gateway = host(&gateway_yaml, false)?;
-    let plain = host(&plain_yaml, false)?;
-    let gateway_polling = host(&gateway_yaml, true)?;
-    let plain_polling = host(&plain_yaml, true)?;
+    let gateway = host(&gateway_yaml, false, &work.join("gateway.log"))?;
+    let plain = host(&plain_yaml, false, &work.join("no-filter.log"))?;
+    let gateway_polling = host(&gateway_yaml, true, &work.join("gateway-polling.log"))?;
+    let plain_polling = host(&plain_yaml, true, &work.join("no-filter-polling.log"))?;
     let relay = {
         let exe = std::env::current_exe()?;
         let mut cmd = if pin {
@@ -152,7 +156,12 @@ fn run() -> Result<(), Error> {
             Command::new(exe)
         };
         cmd.env(RELAY_ENV, fakes.addr.to_string());
-        Proc::spawn(&mut cmd, Stream::Stdout, "relay listening on http://")?
+        Proc::spawn(
+            &mut cmd,
+            Stream::Stdout,
+            "relay listening on http://",
+            &work.join("relay.log"),
+        )?
     };
 
     let body: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/chat_1k.json"))?)?;
@@ -768,50 +777,30 @@ enum Stream {
 }
 
 impl Proc {
-    /// Starts `cmd` and waits for the line `<prefix>ADDR` on `stream`; the rest of that
-    /// stream is drained (and dropped) by a thread.
-    fn spawn(cmd: &mut Command, stream: Stream, prefix: &str) -> Result<Proc, Error> {
+    /// Starts `cmd` with `stream` going to the file `log` and waits for the line
+    /// `<prefix>ADDR` in it. A file, not a pipe: draining a pipe would wake a thread of
+    /// this process (on the load generator's CPU) for every line a server logs.
+    fn spawn(cmd: &mut Command, stream: Stream, prefix: &str, log: &Path) -> Result<Proc, Error> {
+        let file = std::fs::File::create(log)?;
         match stream {
-            Stream::Stdout => cmd.stdout(Stdio::piped()).stderr(Stdio::null()),
-            Stream::Stderr => cmd.stderr(Stdio::piped()).stdout(Stdio::null()),
+            Stream::Stdout => cmd.stdout(file).stderr(Stdio::null()),
+            Stream::Stderr => cmd.stderr(file).stdout(Stdio::null()),
         };
         let mut child = cmd.spawn()?;
-        let reader: Box<dyn std::io::Read + Send> = match stream {
-            Stream::Stdout => Box::new(child.stdout.take().ok_or("no stdout")?),
-            Stream::Stderr => Box::new(child.stderr.take().ok_or("no stderr")?),
-        };
-        let (tx, rx) = mpsc::channel();
-        let prefix = prefix.to_string();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            let mut seen = Vec::new();
-            for line in BufReader::new(reader).lines() {
-                let Ok(line) = line else { break };
-                if let Some(addr) = line.strip_prefix(&prefix)
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(Ok(addr.trim().to_string()));
-                } else if tx.is_some() {
-                    seen.push(line);
-                }
+        let started = Instant::now();
+        let addr = loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if let Some(addr) = text.lines().find_map(|line| line.strip_prefix(prefix)) {
+                break addr.trim().parse()?;
             }
-            if let Some(tx) = tx {
-                let _ = tx.send(Err(seen.join("\n")));
-            }
-        });
-        let started = rx.recv_timeout(Duration::from_secs(60));
-        let addr = match started {
-            Ok(Ok(addr)) => addr.parse()?,
-            Ok(Err(output)) => {
+            let exited = child.try_wait()?.is_some();
+            if exited || started.elapsed() > Duration::from_secs(60) {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{cmd:?} did not start:\n{output}").into());
+                let why = if exited { "exited" } else { "gave no address in 60 s" };
+                return Err(format!("{cmd:?} {why}:\n{text}").into());
             }
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("{cmd:?} did not start in 60 s").into());
-            }
+            std::thread::sleep(Duration::from_millis(20));
         };
         let proc = Proc { child, addr };
         proc.wait_ready()?;

@@ -124,13 +124,7 @@ fn run() -> Result<(), Error> {
     let plain_yaml = work.join("no-filter.yaml");
     std::fs::write(&plain_yaml, bootstrap(&root, fakes.addr, None)?)?;
     let host = |yaml: &Path, busy_poll: bool, log: &Path| -> Result<Proc, Error> {
-        let mut cmd = if pin {
-            let mut c = Command::new("taskset");
-            c.args(["-c", "0"]).arg(&host_bin);
-            c
-        } else {
-            Command::new(&host_bin)
-        };
+        let mut cmd = on_cpu0(pin, &host_bin);
         cmd.arg("-c").arg(yaml).args(["--concurrency", "1"]).current_dir(&root);
         if busy_poll {
             cmd.args(["--busy-poll-us", BUSY_POLL_US]);
@@ -147,14 +141,7 @@ fn run() -> Result<(), Error> {
     let gateway_polling = host(&gateway_yaml, true, &work.join("gateway-polling.log"))?;
     let plain_polling = host(&plain_yaml, true, &work.join("no-filter-polling.log"))?;
     let relay = {
-        let exe = std::env::current_exe()?;
-        let mut cmd = if pin {
-            let mut c = Command::new("taskset");
-            c.args(["-c", "0"]).arg(exe);
-            c
-        } else {
-            Command::new(exe)
-        };
+        let mut cmd = on_cpu0(pin, std::env::current_exe()?);
         cmd.env(RELAY_ENV, fakes.addr.to_string());
         Proc::spawn(
             &mut cmd,
@@ -672,27 +659,14 @@ fn start_portkey(work: &Path, pin: bool) -> Result<Proc, Error> {
          return listen.apply(this, a);\n};\n",
     )?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut cmd = if pin {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0", "node"]);
-        c
-    } else {
-        Command::new("node")
-    };
+    let mut cmd = on_cpu0(pin, "node");
     cmd.args(["--import", "./loopback.mjs"])
         .arg(&server)
         .arg(format!("--port={port}"))
         .arg("--headless")
         .env("NODE_ENV", "production")
-        .current_dir(&dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let proc = Proc {
-        child: cmd.spawn().map_err(|e| format!("node: {e}"))?,
-        addr: SocketAddr::from(([127, 0, 0, 1], port)),
-    };
-    proc.wait_ready()?;
-    Ok(proc)
+        .current_dir(&dir);
+    Proc::peer(&mut cmd, port, 1)
 }
 
 const LITELLM: &str = "litellm[proxy]==1.106.2";
@@ -733,13 +707,7 @@ fn start_litellm(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Error
         ),
     )?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut cmd = if pin {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0"]).arg(&bin);
-        c
-    } else {
-        Command::new(&bin)
-    };
+    let mut cmd = on_cpu0(pin, &bin);
     cmd.arg("--config")
         .arg(&config)
         .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--num_workers", "1"])
@@ -748,21 +716,9 @@ fn start_litellm(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Error
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         .env("LITELLM_TELEMETRY", "False")
         .env("LITELLM_LOG", "ERROR")
-        .current_dir(&venv)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let proc = Proc {
-        child: cmd.spawn().map_err(|e| format!("litellm: {e}"))?,
-        addr: SocketAddr::from(([127, 0, 0, 1], port)),
-    };
+        .current_dir(&venv);
     // Its start-up (imports, the proxy's set-up) takes seconds.
-    for _ in 0..3 {
-        if proc.wait_ready().is_ok() {
-            return Ok(proc);
-        }
-    }
-    proc.wait_ready()?;
-    Ok(proc)
+    Proc::peer(&mut cmd, port, 4)
 }
 
 /// A child server process, killed (by its pid) on drop.
@@ -776,7 +732,38 @@ enum Stream {
     Stderr,
 }
 
+/// `program` as a command, pinned to CPU 0 when the run pins.
+fn on_cpu0(pin: bool, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    if pin {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
 impl Proc {
+    /// Starts a peer that says nothing useful on its outputs and waits until it accepts
+    /// on `port`, for up to `patience` times [`Proc::wait_ready`]'s 10 s.
+    fn peer(cmd: &mut Command, port: u16, patience: usize) -> Result<Proc, Error> {
+        let proc = Proc {
+            child: cmd
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("{cmd:?}: {e}"))?,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        };
+        for _ in 1..patience {
+            if proc.wait_ready().is_ok() {
+                return Ok(proc);
+            }
+        }
+        proc.wait_ready()?;
+        Ok(proc)
+    }
+
     /// Starts `cmd` with `stream` going to the file `log` and waits for the line
     /// `<prefix>ADDR` in it. A file, not a pipe: draining a pipe would wake a thread of
     /// this process (on the load generator's CPU) for every line a server logs.

@@ -102,6 +102,7 @@ fuzz:
 
 # SOAK_REQUESTS (default 100,000) mixed requests at concurrency 32 through the host
 # (tests/soak.rs, ignored by `make test`); the summary is target/soak.txt.
+# SOAK_BUSY_POLL_US=N: the host's workers poll for N µs (host/src/busy_poll.rs).
 soak: build
 	$(CARGO) test --release --test soak -- --ignored --nocapture >target/soak.log 2>&1 || \
 	  { tail -30 target/soak.log; exit 1; }

@@ -6,6 +6,7 @@
 //! (status, the contract's envelope, a stream that ends with `[DONE]` or one
 //! error event); lost or malformed answers fail the run. The process RSS
 //! (host, VMs, fakes and clients) is sampled every 10% to show it is flat.
+//! SOAK_BUSY_POLL_US runs the host's workers with `--busy-poll-us` (default off).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
@@ -267,7 +268,12 @@ fn gateway() -> Gateway {
         env: Some(Default::default()),
         base_dir: common::root(),
         log_level: LogLevel::Warn,
-        ..Default::default()
+        busy_poll: std::time::Duration::from_micros(
+            std::env::var("SOAK_BUSY_POLL_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        ),
     };
     let host = waygate_host::start(&serde_yaml::to_string(&doc).unwrap(), options).unwrap();
     let addr = host.listener_addr("waygate").unwrap();

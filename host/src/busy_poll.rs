@@ -7,8 +7,8 @@
 //! that the hypervisor delivers, and on our 2-core build machine that costs ~50 µs each
 //! time. A request through a gateway crosses the gateway's CPU twice (the client's bytes
 //! in, the upstream's answer back), so at concurrency 1 a bare TCP relay that sleeps adds
-//! ~0.11–0.14 ms over the direct upstream and one that polls ~0.03 ms (`make bench`,
-//! e2e). Under load the worker never sleeps anyway, so the option changes nothing there;
+//! ~0.11–0.14 ms over the direct upstream (`make bench`, e2e) and one that polls ~0.03
+//! ms. Under load the worker never sleeps anyway, so the option changes nothing there;
 //! once its connections go quiet for N µs the worker sleeps as before, so an idle host
 //! costs no CPU. Envoy has no such option: it is the host's, to show the filter's cost
 //! apart from the wake-ups.

@@ -9,8 +9,9 @@
 //! Modules, each with one job:
 //! [`config`] (the bootstrap), `vm` (VMs and `http_call` intake), `worker` (threads and
 //! connections), `busy_poll` (a worker polling instead of sleeping between reads),
-//! `stream` (one request through the plugin and the router), `router` (route selection), `upstream` (clusters, TLS, pool), `calls` (`dispatch_http_call`),
-//! `local_reply` (Envoy's local replies), `shared` (shared data and metrics), `admin`,
+//! `stream` (one request through the plugin and the router), `router` (route selection),
+//! `upstream` (clusters, TLS, pool), `calls` (`dispatch_http_call`), `local_reply`
+//! (Envoy's local replies), `shared` (shared data and metrics), `admin`,
 //! [`access_log`] (the HCM's access loggers and their format), [`logs`].
 
 pub mod access_log;

@@ -256,6 +256,34 @@ fn run() -> Result<(), Error> {
         count(usize::MAX, n64)
     );
     print_table(&c64.iter().map(|t| t.0).collect::<Vec<_>>(), &c64_stats, 0);
+    let added = |i: usize| (c1_stats[i].p(0.5) - c1_stats[0].p(0.5)) / 1e6;
+    let c1_met = added(3).min(added(7)) <= 0.05;
+    let gateway_rps = c64_stats[3].rps();
+    let peers: Vec<String> = c64
+        .iter()
+        .zip(&c64_stats)
+        .skip(ours)
+        .map(|((name, _, _), s)| format!("{name} {:.0} req/s ({:.0}× fewer)", s.rps(), gateway_rps / s.rps()))
+        .collect();
+    let summary = [
+        format!(
+            "{} p50 added at c = 1 ≤ 0.05 ms: gateway {:+.3} ms, polling gateway {:+.3} ms (a bare relay {:+.3} ms)",
+            if c1_met { "[met]   " } else { "[missed]" },
+            added(3),
+            added(7),
+            added(1)
+        ),
+        format!(
+            "[n/a]    c = 64 ≥ 1.5× TensorZero: no TensorZero server installs here; gateway {gateway_rps:.0} req/s \
+             ({:.2}× direct){}",
+            gateway_rps / c64_stats[0].rps(),
+            if peers.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", peers.join(", "))
+            }
+        ),
+    ];
 
     // Streaming: 20 data frames (+ [DONE]), concurrency 16. The fake waits ~1 ms between frames.
     let streams: [(&str, &[u8], SocketAddr); 4] = [
@@ -305,6 +333,10 @@ fn run() -> Result<(), Error> {
         println!("  (Portkey streams not measured: its streaming path fails on this Node version)");
     }
     let status = |p: &Proc| p.alive();
+    println!("issue 9 targets, this run:");
+    for line in &summary {
+        println!("  {line}");
+    }
     let servers = [&gateway, &plain, &gateway_polling, &plain_polling, &relay, &fakes];
     if !(servers.into_iter().all(status) && [&portkey, &litellm].into_iter().flatten().all(status)) {
         return Err("a server process died during the run".into());

@@ -654,6 +654,26 @@ fn us(ns: f64) -> String {
     format!("{:.1}", ns / 1000.0)
 }
 
+/// Issue 9's targets for the filter alone, each with what this run measured.
+#[derive(Default)]
+struct Targets(Vec<(bool, String)>);
+
+impl Targets {
+    fn check(&mut self, met: bool, line: String) {
+        self.0.push((met, line));
+    }
+
+    fn print(&self) {
+        if self.0.is_empty() {
+            return;
+        }
+        println!("issue 9 targets, this run (times move with the machine, fuel does not):");
+        for (met, line) in &self.0 {
+            println!("  {} {line}", if *met { "[met]   " } else { "[missed]" });
+        }
+    }
+}
+
 fn main() -> wasmtime::Result<()> {
     // Another build of the filter (e.g. another opt-level) can be measured the same way.
     let wasm_path = std::env::var_os("WAYGATE_BENCH_WASM")
@@ -688,8 +708,13 @@ fn main() -> wasmtime::Result<()> {
     );
     let at_rest = probe.memory_bytes();
     drop(probe);
+    let mut targets = Targets::default();
     if section("size") {
         report_wasm_opt(&wasm_path, code.len());
+        targets.check(
+            code.len() <= 600_000,
+            format!("waygate.wasm ≤ 600 KB: {} KB", (code.len() + 500) / 1000),
+        );
     }
 
     let cases = [
@@ -780,6 +805,18 @@ fn main() -> wasmtime::Result<()> {
             guest.store.data().log_lines / (RUNS + WARMUP + 1),
         );
         println!("            by phase (mean µs / kfuel): {}", breakdown.join(", "));
+        let p50 = percentile(&each, 0.5) as f64;
+        let limit_us = match *name {
+            "openai" => Some(15.0),
+            "anthropic" => Some(30.0),
+            _ => None,
+        };
+        if let Some(limit) = limit_us {
+            targets.check(
+                p50 <= limit * 1000.0,
+                format!("{name} 1 KB request ≤ {limit} µs p50 in wasm: {} µs", us(p50)),
+            );
+        }
     }
 
     let streams = [
@@ -815,6 +852,7 @@ fn main() -> wasmtime::Result<()> {
         ),
     ];
     println!("SSE translation, recorded streams one event per on_response_body (response body phase only):");
+    let mut rates = Vec::new();
     for (name, req, path) in streams.iter().filter(|(name, _, _)| case("sse", name)) {
         let chunks = events(path);
         let bytes: usize = chunks.iter().map(Vec::len).sum();
@@ -857,14 +895,32 @@ fn main() -> wasmtime::Result<()> {
             whole.fuel[4] as f64 / bytes as f64,
             us(wall.as_nanos() as f64 / runs as f64),
         );
+        rates.push(((bytes * runs) as f64 / body.as_secs_f64() / 1e6, *name));
+    }
+    if !rates.is_empty() {
+        let slowest = rates.iter().map(|(rate, _)| *rate).fold(f64::INFINITY, f64::min);
+        let each: Vec<String> = rates.iter().map(|(rate, name)| format!("{name} {rate:.0}")).collect();
+        targets.check(
+            slowest >= 200.0,
+            format!("SSE translation ≥ 200 MB/s in wasm: {} MB/s", each.join(", ")),
+        );
     }
 
+    let after = if after_1000 == 0 {
+        "not measured after 1000 requests (the OpenAI request case did not run)".to_string()
+    } else {
+        format!("{} KiB after 1000 requests", after_1000 / 1024)
+    };
     println!(
-        "linear memory: {} KiB ({} pages) after on_configure, {} KiB after 1000 requests",
+        "linear memory: {} KiB ({} pages) after on_configure, {after}",
         at_rest / 1024,
         at_rest / 65536,
-        after_1000 / 1024
     );
+    targets.check(
+        at_rest <= 4 << 20,
+        format!("a worker VM's memory ≤ 4 MB at rest: {} KiB", at_rest / 1024),
+    );
+    targets.print();
     Ok(())
 }
 

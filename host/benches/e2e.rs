@@ -26,6 +26,18 @@ use tokio::net::TcpStream;
 const PINNED_ENV: &str = "WAYGATE_BENCH_PINNED";
 /// Set in the child that serves as a bare TCP relay to the address it holds.
 const RELAY_ENV: &str = "WAYGATE_BENCH_RELAY";
+/// Row labels the summaries look up.
+const DIRECT: &str = "direct upstream (openai)";
+const RELAY: &str = "bare TCP relay (openai)";
+const NO_FILTER: &str = "host, no filter (openai)";
+const GATEWAY: &str = "gateway (openai)";
+const POLLING_GATEWAY: &str = "polling gateway (openai)";
+
+/// The position of the row labelled `label`.
+fn row(rows: &[(&str, &[u8], SocketAddr)], label: &str) -> Option<usize> {
+    rows.iter().position(|(name, _, _)| *name == label)
+}
+
 /// The hosts that poll instead of sleeping (`waygate-host --busy-poll-us`) poll this long
 /// after their last read: longer than a closed-loop client takes to send its next request.
 const BUSY_POLL_US: &str = "1000";
@@ -181,14 +193,14 @@ fn run() -> Result<(), Error> {
 
     // Concurrency 1: rounds interleaved so a noisy neighbour hits every target alike.
     let mut c1: Vec<(&str, &[u8], SocketAddr)> = vec![
-        ("direct upstream (openai)", &targets.direct, fakes.addr),
-        ("bare TCP relay (openai)", &targets.direct, relay.addr),
-        ("host, no filter (openai)", &targets.plain, plain.addr),
-        ("gateway (openai)", &targets.gateway, gateway.addr),
+        (DIRECT, &targets.direct, fakes.addr),
+        (RELAY, &targets.direct, relay.addr),
+        (NO_FILTER, &targets.plain, plain.addr),
+        (GATEWAY, &targets.gateway, gateway.addr),
         ("host, no filter (anthropic)", &targets.plain_anthropic, plain.addr),
         ("gateway (anthropic)", &targets.gateway_anthropic, gateway.addr),
         ("polling host, no filter", &targets.plain, plain_polling.addr),
-        ("polling gateway (openai)", &targets.gateway, gateway_polling.addr),
+        (POLLING_GATEWAY, &targets.gateway, gateway_polling.addr),
         (
             "polling gateway (anthropic)",
             &targets.gateway_anthropic,
@@ -219,23 +231,25 @@ fn run() -> Result<(), Error> {
         body_len(&targets.direct)
     );
     print_table(&c1.iter().map(|t| t.0).collect::<Vec<_>>(), &c1_stats, 0);
-    let cost = |g: usize, p: usize| us(c1_stats[g].p(0.5) - c1_stats[p].p(0.5));
+    // Rows by their label, so adding a row cannot shift these figures onto another.
+    let c1_p50 = |label: &str| row(&c1, label).map_or(f64::NAN, |i| c1_stats[i].p(0.5));
+    let cost = |g: &str, p: &str| us(c1_p50(g) - c1_p50(p));
     println!(
         "  filter's cost in the host (gateway - host without filter, p50): openai {} µs, anthropic {} µs; \
          polling hosts (--busy-poll-us {BUSY_POLL_US}): openai {} µs, anthropic {} µs",
-        cost(3, 2),
-        cost(5, 4),
-        cost(7, 6),
-        cost(8, 6)
+        cost(GATEWAY, NO_FILTER),
+        cost("gateway (anthropic)", "host, no filter (anthropic)"),
+        cost(POLLING_GATEWAY, "polling host, no filter"),
+        cost("polling gateway (anthropic)", "polling host, no filter")
     );
 
     // Concurrency 64.
     let mut c64: Vec<(&str, &[u8], SocketAddr)> = vec![
-        ("direct upstream (openai)", &targets.direct, fakes.addr),
-        ("bare TCP relay (openai)", &targets.direct, relay.addr),
-        ("host, no filter (openai)", &targets.plain, plain.addr),
-        ("gateway (openai)", &targets.gateway, gateway.addr),
-        ("polling gateway (openai)", &targets.gateway, gateway_polling.addr),
+        (DIRECT, &targets.direct, fakes.addr),
+        (RELAY, &targets.direct, relay.addr),
+        (NO_FILTER, &targets.plain, plain.addr),
+        (GATEWAY, &targets.gateway, gateway.addr),
+        (POLLING_GATEWAY, &targets.gateway, gateway_polling.addr),
     ];
     let ours = c64.len();
     if let Some(p) = &portkey {
@@ -256,9 +270,10 @@ fn run() -> Result<(), Error> {
         count(usize::MAX, n64)
     );
     print_table(&c64.iter().map(|t| t.0).collect::<Vec<_>>(), &c64_stats, 0);
-    let added = |i: usize| (c1_stats[i].p(0.5) - c1_stats[0].p(0.5)) / 1e6;
-    let c1_met = added(3).min(added(7)) <= 0.05;
-    let gateway_rps = c64_stats[3].rps();
+    let added = |label: &str| (c1_p50(label) - c1_p50(DIRECT)) / 1e6;
+    let c1_met = added(GATEWAY).min(added(POLLING_GATEWAY)) <= 0.05;
+    let c64_rps = |label: &str| row(&c64, label).map_or(f64::NAN, |i| c64_stats[i].rps());
+    let gateway_rps = c64_rps(GATEWAY);
     let peers: Vec<String> = c64
         .iter()
         .zip(&c64_stats)
@@ -269,14 +284,14 @@ fn run() -> Result<(), Error> {
         format!(
             "{} p50 added at c = 1 ≤ 0.05 ms: gateway {:+.3} ms, polling gateway {:+.3} ms (a bare relay {:+.3} ms)",
             if c1_met { "[met]   " } else { "[missed]" },
-            added(3),
-            added(7),
-            added(1)
+            added(GATEWAY),
+            added(POLLING_GATEWAY),
+            added(RELAY)
         ),
         format!(
             "[n/a]    c = 64 ≥ 1.5× TensorZero: no TensorZero server installs here; gateway {gateway_rps:.0} req/s \
              ({:.2}× direct){}",
-            gateway_rps / c64_stats[0].rps(),
+            gateway_rps / c64_rps(DIRECT),
             if peers.is_empty() {
                 String::new()
             } else {
@@ -287,9 +302,9 @@ fn run() -> Result<(), Error> {
 
     // Streaming: 20 data frames (+ [DONE]), concurrency 16. The fake waits ~1 ms between frames.
     let streams: [(&str, &[u8], SocketAddr); 4] = [
-        ("direct upstream (openai)", &targets.direct_stream, fakes.addr),
-        ("host, no filter (openai)", &targets.direct_stream, plain.addr),
-        ("gateway (openai)", &targets.gateway_stream, gateway.addr),
+        (DIRECT, &targets.direct_stream, fakes.addr),
+        (NO_FILTER, &targets.direct_stream, plain.addr),
+        (GATEWAY, &targets.gateway_stream, gateway.addr),
         (
             "polling gateway (openai)",
             &targets.gateway_stream,

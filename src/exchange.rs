@@ -379,7 +379,7 @@ impl Exchange {
         if let Some(key) = key {
             self.standing = limits::admit(store, key, now)?;
         }
-        let directive = routing::parse_directive(&cfg, &request.body)?;
+        let directive = routing::parse_directive(&cfg, request.member(&cfg.routing_field)?.as_ref())?;
         // Named in the 503 if nothing is left: the usual cause is an unset key.
         let keyless: Vec<String> = defaults
             .iter()

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 use serde::Serialize;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
@@ -46,6 +47,17 @@ impl<'a> Members<'a> {
             Some(()) => Ok(Members(members)),
             None => serde_json::from_str(text),
         }
+    }
+
+    /// The members at `spans` of `text` (name, value), as an earlier walk of
+    /// it found them; `None` if a span does not fit the text.
+    pub fn from_spans(text: &'a str, spans: &[(Range<usize>, Range<usize>)]) -> Option<Members<'a>> {
+        let mut members = Vec::with_capacity(spans.len());
+        for (name, value) in spans {
+            let name = text.get(name.clone())?;
+            members.push((Cow::Borrowed(name), Raw(text.get(value.clone())?)));
+        }
+        Some(Members(members))
     }
 
     /// The value named `name`; the last one when a name repeats, as in

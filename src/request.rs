@@ -1,11 +1,22 @@
-//! Request validation (interface document 2.3 and 2.6): the body is parsed
-//! once into a JSON object, every documented field is checked for type and
-//! range, and the fields the filter needs are pulled out. Unknown fields are
-//! kept: OpenAI's API has many more, and they pass through to providers.
+//! Request validation (interface document 2.3 and 2.6): every documented
+//! field is checked for type and range, and the fields the filter needs are
+//! pulled out. Unknown fields are kept: OpenAI's API has many more, and they
+//! pass through to providers.
+//!
+//! Two paths give the same answers: [`fast`] walks the text once and accepts
+//! the usual body without building a DOM; whatever it is not sure of, and
+//! every error, goes to the DOM validator here, whose errors name the field.
+//! The DOM is built later only for translators that need one.
+
+mod fast;
+
+use std::cell::OnceCell;
+use std::ops::Range;
 
 use serde_json::{Map, Value};
 
 use crate::errors::ApiError;
+use crate::members::Members;
 
 /// Which operation the client called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,23 +29,97 @@ pub enum Operation {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedRequest {
     pub op: Operation,
-    /// The client's body, unchanged.
-    pub body: Map<String, Value>,
-    /// The same body as the bytes it came in, for translators that edit
-    /// only a few members ([`crate::members`]).
-    pub raw: Vec<u8>,
     pub model: String,
     pub stream: bool,
     /// `stream_options.include_usage`, as the client asked.
     pub include_usage: bool,
+    /// The client's body as it came (an accepted body is always UTF-8).
+    raw: String,
+    /// `raw`'s top-level members (name, value) when the fast path read it.
+    spans: Option<Vec<(Range<usize>, Range<usize>)>>,
+    /// The body as a DOM: built by the DOM validator, or on first use.
+    dom: OnceCell<Map<String, Value>>,
+}
+
+impl ParsedRequest {
+    /// The client's body as a JSON object, parsed now if the fast path
+    /// accepted it (it was valid then, so this fails only on a bug).
+    pub fn body(&self) -> Result<&Map<String, Value>, ApiError> {
+        if let Some(dom) = self.dom.get() {
+            return Ok(dom);
+        }
+        let Ok(Value::Object(dom)) = serde_json::from_str(&self.raw) else {
+            return Err(unreadable());
+        };
+        Ok(self.dom.get_or_init(|| dom))
+    }
+
+    /// The client's body as it came.
+    pub fn raw(&self) -> &str {
+        &self.raw
+    }
+
+    /// The top-level members as they came, for rewrites that copy them
+    /// (from the fast path's walk when it had one).
+    pub fn members(&self) -> Result<Members<'_>, ApiError> {
+        match &self.spans {
+            Some(spans) => Members::from_spans(&self.raw, spans),
+            None => Members::parse_str(&self.raw).ok(),
+        }
+        .ok_or_else(unreadable)
+    }
+
+    /// One top-level member's value (the last, when a name repeats, as in
+    /// the DOM), without building the DOM when it is not there yet.
+    pub fn member(&self, name: &str) -> Result<Option<Value>, ApiError> {
+        if self.dom.get().is_some() {
+            return Ok(self.body()?.get(name).cloned());
+        }
+        match self.members()?.get(name) {
+            None => Ok(None),
+            Some(raw) => serde_json::from_str(raw.get()).map(Some).map_err(|_| unreadable()),
+        }
+    }
+}
+
+fn unreadable() -> ApiError {
+    ApiError::new(
+        500,
+        crate::errors::ErrorType::Upstream,
+        "internal_error",
+        "The request body could not be read again.",
+    )
 }
 
 /// Parses and validates a request body for `op`.
 pub fn parse(op: Operation, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
     // Checked as UTF-8 in one pass, then parsed as text: serde reading bytes
-    // checks each string on its own, which costs more. Invalid UTF-8 is parsed
-    // as bytes only for serde's error, which names where the bad byte is.
-    let parsed = match std::str::from_utf8(bytes) {
+    // checks each string on its own, which costs more.
+    let text = std::str::from_utf8(bytes);
+    if let Ok(text) = text
+        && let Some(accepted) = fast::check(op, text)
+    {
+        return Ok(ParsedRequest {
+            op,
+            model: accepted.model,
+            stream: accepted.stream,
+            include_usage: accepted.include_usage,
+            raw: text.to_owned(),
+            spans: Some(accepted.spans),
+            dom: OnceCell::new(),
+        });
+    }
+    parse_dom(op, bytes)
+}
+
+/// The DOM validator alone: what [`parse`] does when the fast path is not
+/// sure. Public so the tests and the `request` fuzz target can hold the two
+/// paths to the same answers.
+pub fn parse_dom(op: Operation, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
+    // Invalid UTF-8 is parsed as bytes only for serde's error, which names
+    // where the bad byte is.
+    let text = std::str::from_utf8(bytes);
+    let parsed = match text {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(bytes),
     };
@@ -84,11 +169,13 @@ pub fn parse(op: Operation, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
     };
     Ok(ParsedRequest {
         op,
-        body,
-        raw: bytes.to_vec(),
         model,
         stream,
         include_usage,
+        // serde accepted the body, so it is UTF-8: copied as it is.
+        raw: text.map_or_else(|_| String::from_utf8_lossy(bytes).into_owned(), str::to_owned),
+        spans: None,
+        dom: OnceCell::from(body),
     })
 }
 
@@ -366,11 +453,15 @@ mod tests {
         ] {
             let body = format!(r#"{{"model":"a/b","messages":[{{"role":"user","content":"x"}}],"x":{number}}}"#);
             let first = chat(&body).unwrap();
-            let again = serde_json::to_vec(&Value::Object(first.body.clone())).unwrap();
+            let again = serde_json::to_vec(first.body().unwrap()).unwrap();
             let second = parse(Operation::Chat, &again).unwrap();
-            assert_eq!(first.body, second.body, "{number}");
+            assert_eq!(first.body().unwrap(), second.body().unwrap(), "{number}");
             let expect: f64 = number.parse().unwrap();
-            assert_eq!(first.body["x"].as_f64(), Some(expect), "{number} is the nearest double");
+            assert_eq!(
+                first.body().unwrap()["x"].as_f64(),
+                Some(expect),
+                "{number} is the nearest double"
+            );
         }
     }
 

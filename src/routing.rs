@@ -4,7 +4,7 @@
 //! model). The per-request routing object then reorders (`prefer`), filters
 //! (`allow_fallbacks`) and bounds (`max_provider_tries`) that list.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::config::Config;
 use crate::errors::{ApiError, ErrorType};
@@ -65,14 +65,14 @@ pub struct Directive {
     pub max_provider_tries: Option<u32>,
 }
 
-/// Parses the routing object under `field` in the request body.
-pub fn parse_directive(config: &Config, body: &Map<String, Value>) -> Result<Directive, ApiError> {
+/// Parses the routing object: `value` is the request body's `<routing_field>` member.
+pub fn parse_directive(config: &Config, value: Option<&Value>) -> Result<Directive, ApiError> {
     let field = config.routing_field.as_str();
     let mut directive = Directive {
         allow_fallbacks: true,
         ..Directive::default()
     };
-    let outer = match body.get(field) {
+    let outer = match value {
         None | Some(Value::Null) => return Ok(directive),
         Some(Value::Object(o)) => o,
         Some(_) => return Err(wrong_type(field, "an object")),
@@ -200,7 +200,7 @@ mod tests {
     }
 
     fn directive(c: &Config, v: Value) -> Result<Directive, ApiError> {
-        parse_directive(c, v.as_object().unwrap())
+        parse_directive(c, v.as_object().unwrap().get(&c.routing_field))
     }
 
     #[test]

@@ -9,19 +9,118 @@
 //! For anything else, valid or not, it says `None` and the caller asks serde,
 //! whose errors then name the problem. The raw values are the slices serde's
 //! `RawValue` gives: the value's own bytes, no whitespace around them.
+//!
+//! [`Walk`] holds the text to what serde's `Value` accepts, which is stricter than a raw value: they also refuse lone
+//! surrogate escapes and, conservatively, any number with an exponent or over
+//! 300 integer digits (serde refuses those beyond f64's range).
 
 use crate::scan::position_of_string_stop;
 
 /// Deeper nesting is left to serde (which allows any depth in a raw value).
 const MAX_DEPTH: usize = 64;
 
+/// Integer digits past which a number might leave f64's range (its limit is
+/// 309 digits); [`Walk`] leaves such numbers to serde.
+const MAX_VALUE_DIGITS: usize = 300;
+
 /// Calls `member(name, raw value)` for each top-level member in order;
 /// `None`: not sure (some members may have been given already).
-pub fn split<'a>(text: &'a str, mut member: impl FnMut(&'a str, &'a str)) -> Option<()> {
-    let mut c = Cursor {
-        bytes: text.as_bytes(),
-        at: 0,
-    };
+pub fn split<'a>(text: &'a str, member: impl FnMut(&'a str, &'a str)) -> Option<()> {
+    members(Cursor::new(text, false), member)
+}
+
+/// A walk over JSON text for a caller that looks inside some values as it
+/// passes them (the request's fast check reads each message once, a stream
+/// chunk's copy each choice). Each step takes one value off the walk and
+/// gives its raw text; `None`: not sure, as everywhere here. One copy serves
+/// every caller (`dyn` callbacks): a copy per closure would add kilobytes.
+pub struct Walk<'a> {
+    c: Cursor<'a>,
+    depth: usize,
+}
+
+impl<'a> Walk<'a> {
+    /// A walk held to serde's `Value`, for text a DOM would be built from.
+    pub fn values(text: &'a str) -> Self {
+        Walk {
+            c: Cursor::new(text, true),
+            depth: 0,
+        }
+    }
+
+    /// A walk held only to serde's raw values, as [`split`] is.
+    pub fn raw(text: &'a str) -> Self {
+        Walk {
+            c: Cursor::new(text, false),
+            depth: 0,
+        }
+    }
+
+    /// The first byte of the next value.
+    pub fn peek(&mut self) -> Option<u8> {
+        self.c.whitespace();
+        self.c.peek()
+    }
+
+    /// The next value, passed over.
+    pub fn value(&mut self) -> Option<&'a str> {
+        self.c.whitespace();
+        let start = self.c.at;
+        self.c.value(self.depth)?;
+        self.c.text.get(start..self.c.at)
+    }
+
+    /// The next value as an object: `member(name, walk)` for each member,
+    /// which must take the member's value off the walk.
+    pub fn object(&mut self, member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>) -> Option<&'a str> {
+        self.container(b'{', b'}', &mut |walk| {
+            let name = walk.c.plain_name()?;
+            walk.c.whitespace();
+            walk.c.eat(b':')?;
+            member(walk.c.text.get(name.0..name.1)?, walk)
+        })
+    }
+
+    /// The next value as an array: `element(walk)` for each element, which
+    /// must take it off the walk.
+    pub fn array(&mut self, element: &mut dyn FnMut(&mut Walk<'a>) -> Option<()>) -> Option<&'a str> {
+        self.container(b'[', b']', element)
+    }
+
+    /// Only whitespace is left.
+    pub fn end(mut self) -> Option<()> {
+        self.c.whitespace();
+        (self.c.at == self.c.bytes.len()).then_some(())
+    }
+
+    fn container(&mut self, open: u8, close: u8, item: &mut dyn FnMut(&mut Walk<'a>) -> Option<()>) -> Option<&'a str> {
+        if self.peek()? != open || self.depth >= MAX_DEPTH {
+            return None;
+        }
+        let start = self.c.at;
+        self.c.advance(1);
+        self.depth = self.depth.saturating_add(1);
+        if self.peek()? == close {
+            self.c.advance(1);
+        } else {
+            loop {
+                self.c.whitespace();
+                item(self)?;
+                self.c.whitespace();
+                match self.c.next()? {
+                    b',' => {}
+                    b if b == close => break,
+                    _ => return None,
+                }
+            }
+        }
+        self.depth = self.depth.saturating_sub(1);
+        self.c.text.get(start..self.c.at)
+    }
+}
+
+fn members<'a>(mut c: Cursor<'a>, mut member: impl FnMut(&'a str, &'a str)) -> Option<()> {
+    let text = c.text;
     c.whitespace();
     c.eat(b'{')?;
     c.whitespace();
@@ -51,11 +150,24 @@ pub fn split<'a>(text: &'a str, mut member: impl FnMut(&'a str, &'a str)) -> Opt
 
 /// A position in the text; every step either moves on or says `None`.
 struct Cursor<'a> {
+    text: &'a str,
     bytes: &'a [u8],
     at: usize,
+    /// Held to serde's `Value`, not only its raw values (checked only at
+    /// escapes and numbers, so the raw split pays next to nothing for it).
+    values: bool,
 }
 
-impl Cursor<'_> {
+impl<'a> Cursor<'a> {
+    fn new(text: &'a str, values: bool) -> Self {
+        Cursor {
+            text,
+            bytes: text.as_bytes(),
+            at: 0,
+            values,
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.at).copied()
     }
@@ -124,8 +236,16 @@ impl Cursor<'_> {
                 b'\\' => match self.next()? {
                     b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
                     b'u' => {
-                        for _ in 0..4 {
-                            if !self.next()?.is_ascii_hexdigit() {
+                        let unit = self.hex4()?;
+                        // serde's Value refuses a lone surrogate: a high one
+                        // must be followed at once by an escaped low one.
+                        if self.values && (0xD800..=0xDFFF).contains(&unit) {
+                            if unit >= 0xDC00 {
+                                return None;
+                            }
+                            self.eat(b'\\')?;
+                            self.eat(b'u')?;
+                            if !(0xDC00..=0xDFFF).contains(&self.hex4()?) {
                                 return None;
                             }
                         }
@@ -136,6 +256,16 @@ impl Cursor<'_> {
                 _ => return None,
             }
         }
+    }
+
+    /// Four hex digits, as the code unit they spell.
+    fn hex4(&mut self) -> Option<u32> {
+        let mut unit = 0;
+        for _ in 0..4 {
+            let digit = char::from(self.next()?).to_digit(16)?;
+            unit = (unit << 4) | digit;
+        }
+        Some(unit)
     }
 
     /// An object (`close` is `}`: `"name": value` members) or an array
@@ -186,7 +316,9 @@ impl Cursor<'_> {
             b'0' if self.peek().is_some_and(|b| b.is_ascii_digit()) => return None,
             b'0' => {}
             b'1'..=b'9' => {
-                self.digits();
+                if self.digits() >= MAX_VALUE_DIGITS && self.values {
+                    return None;
+                }
             }
             _ => return None,
         }
@@ -197,6 +329,9 @@ impl Cursor<'_> {
             }
         }
         if matches!(self.peek(), Some(b'e' | b'E')) {
+            if self.values {
+                return None;
+            }
             self.advance(1);
             if matches!(self.peek(), Some(b'+' | b'-')) {
                 self.advance(1);

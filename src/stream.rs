@@ -21,11 +21,11 @@ use serde_json::{Value, json};
 
 use crate::answer::{Stamp, text_stream_choice};
 use crate::errors::ApiError;
-use crate::members::{Members, write_name};
 use crate::providers::openai::interrupted;
 use crate::providers::{StreamItem, StreamTranslator};
 use crate::redact::{self, REDACTED};
 use crate::request::Operation;
+use crate::split::Walk;
 use crate::sse::{DONE, SseDecoder, SseError, SseEvent, write_data};
 use crate::usage::Usage;
 
@@ -267,40 +267,31 @@ impl StreamRewriter {
         if !self.role_sent {
             return false;
         }
-        let Ok(members) = Members::parse_str(data) else {
+        let Some(chunk) = read_chunk(data) else {
             return false;
         };
-        // One pass over the names (an error or a usage anywhere: the translator's).
-        let mut choices = None;
-        for (name, value) in &members.0 {
-            match name.as_ref() {
-                "error" => return false,
-                "usage" if value.get() != "null" => return false,
-                "choices" => choices = Some(*value),
-                _ => {}
-            }
+        if chunk.error_or_usage {
+            return false;
         }
-        let Some(choices) = choices else {
+        let Some(choices) = chunk.choices else {
             return false;
         };
-        let Ok(views) = serde_json::from_str::<Vec<ChoiceView>>(choices.get()) else {
-            return false;
-        };
+        let views = &chunk.choices_read;
         if views.is_empty() {
             return true;
         }
         // Read every choice before the scrubber sees any: past this loop the
         // event can no longer go back to the translator.
         let mut texts: Vec<Option<Option<Cow<str>>>> = Vec::with_capacity(views.len());
-        for view in &views {
+        for view in views {
             if view.text.is_some() {
                 return false;
             }
-            let text = match &view.delta {
-                Some(delta) => {
-                    match delta.content {
+            let text = match view.delta {
+                Some(content) => {
+                    match content {
                         None => Some(None),
-                        Some(raw) if raw.get().starts_with('"') => match json_str(raw) {
+                        Some(raw) if raw.starts_with('"') => match json_text(raw) {
                             Some(text) => Some(Some(text)),
                             None => return false,
                         },
@@ -326,7 +317,7 @@ impl StreamRewriter {
                 };
                 let index = view
                     .index
-                    .and_then(|i| i.get().parse::<u64>().ok())
+                    .and_then(|i| i.parse::<u64>().ok())
                     .unwrap_or(position as u64);
                 let had_text = text.is_some();
                 let text = text.unwrap_or_default();
@@ -345,7 +336,7 @@ impl StreamRewriter {
         // A delta was scrubbed or held: its choices go through a DOM. (A body
         // serde's DOM refuses fails here as it does on the translator's path.)
         let scrubbed_choices = if changed {
-            let Ok(mut values) = serde_json::from_str::<Vec<Value>>(choices.get()) else {
+            let Ok(mut values) = serde_json::from_str::<Vec<Value>>(choices) else {
                 return false;
             };
             for (choice, scrubbed) in values.iter_mut().zip(scrubbed) {
@@ -364,18 +355,16 @@ impl StreamRewriter {
                     log::error!("waygate: a stream chunk could not be encoded");
                 }
             }
-            None => out.extend_from_slice(choices.get().as_bytes()),
+            None => out.extend_from_slice(choices.as_bytes()),
         }
         // Provider extras, as they came.
-        for (name, value) in &members.0 {
-            if !matches!(
-                name.as_ref(),
-                "id" | "object" | "created" | "model" | "usage" | "choices"
-            ) {
-                out.push(b',');
-                write_name(out, name);
-                out.push(b':');
-                out.extend_from_slice(value.get().as_bytes());
+        for (name, value) in &chunk.members {
+            if !matches!(*name, "id" | "object" | "created" | "model" | "usage" | "choices") {
+                // The walk reads only names without escapes: copied as they are.
+                out.extend_from_slice(b",\"");
+                out.extend_from_slice(name.as_bytes());
+                out.extend_from_slice(b"\":");
+                out.extend_from_slice(value.as_bytes());
             }
         }
         out.extend_from_slice(b"}\n\n");
@@ -577,26 +566,122 @@ fn set_text(choice: &mut Value, had_text: bool, scrubbed: String) {
     }
 }
 
-/// What [`StreamRewriter::copy_chunk`] reads of one choice; the rest is copied.
-#[derive(Deserialize)]
-struct ChoiceView<'a> {
-    #[serde(default, borrow)]
-    index: Option<&'a RawValue>,
-    /// Not an object (nor `null`): the whole event fails to parse here
-    /// and goes to the translator.
-    #[serde(default, borrow)]
-    delta: Option<DeltaView<'a>>,
-    #[serde(default, borrow)]
-    text: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    finish_reason: Option<&'a RawValue>,
+/// What [`StreamRewriter::copy_chunk`] reads of one event, in one walk: the
+/// top-level members as they came and, of the (last) `choices` array, what
+/// each choice holds; the rest is copied.
+struct ChunkRead<'a> {
+    members: Vec<(&'a str, &'a str)>,
+    choices: Option<&'a str>,
+    choices_read: Vec<ChoiceRead<'a>>,
+    /// An `error`, or a `usage` other than `null`: the translator's event.
+    error_or_usage: bool,
 }
 
-/// A delta's `content`, `null` included (absent is `None`).
-#[derive(Deserialize)]
-struct DeltaView<'a> {
-    #[serde(default, borrow, deserialize_with = "present")]
-    content: Option<&'a RawValue>,
+/// One choice's members that the copy needs (`null` reads as absent, as
+/// serde reads an `Option`).
+#[derive(Default)]
+struct ChoiceRead<'a> {
+    index: Option<&'a str>,
+    /// The delta's `content` (`null` included) when the delta is an object.
+    delta: Option<Option<&'a str>>,
+    text: Option<&'a str>,
+    finish_reason: Option<&'a str>,
+}
+
+/// Reads an event for the copy; `None` leaves it to the translator: not
+/// plain JSON (an escaped name, say), `choices` not an array of objects, a
+/// delta neither an object nor `null`, or a member a choice repeats.
+fn read_chunk(data: &str) -> Option<ChunkRead<'_>> {
+    let mut chunk = ChunkRead {
+        members: Vec::with_capacity(8),
+        choices: None,
+        choices_read: Vec::new(),
+        error_or_usage: false,
+    };
+    let mut walk = Walk::raw(data);
+    walk.object(&mut |name, walk| {
+        let value = match name {
+            "choices" => {
+                let read = &mut chunk.choices_read;
+                read.clear();
+                let raw = walk.array(&mut |walk| {
+                    read.push(read_choice(walk)?);
+                    Some(())
+                })?;
+                chunk.choices = Some(raw);
+                raw
+            }
+            _ => walk.value()?,
+        };
+        chunk.error_or_usage |= name == "error" || (name == "usage" && value != "null");
+        chunk.members.push((name, value));
+        Some(())
+    })?;
+    walk.end()?;
+    Some(chunk)
+}
+
+fn read_choice<'a>(walk: &mut Walk<'a>) -> Option<ChoiceRead<'a>> {
+    let mut choice = ChoiceRead::default();
+    let mut seen = [false; 4];
+    walk.object(&mut |name, walk| {
+        let field = match name {
+            "index" => 0,
+            "delta" => 1,
+            "text" => 2,
+            "finish_reason" => 3,
+            _ => return walk.value().map(drop),
+        };
+        // serde refuses a repeated field; so does this.
+        let first = seen.get_mut(field).map(|seen| !std::mem::replace(seen, true))?;
+        if !first {
+            return None;
+        }
+        if field == 1 {
+            choice.delta = read_delta(walk)?;
+            return Some(());
+        }
+        let raw = walk.value()?;
+        let raw = (raw != "null").then_some(raw);
+        match field {
+            0 => choice.index = raw,
+            2 => choice.text = raw,
+            _ => choice.finish_reason = raw,
+        }
+        Some(())
+    })?;
+    Some(choice)
+}
+
+/// `Some(None)` for a `null` delta, `Some(Some(content))` for an object.
+fn read_delta<'a>(walk: &mut Walk<'a>) -> Option<Option<Option<&'a str>>> {
+    if walk.peek()? == b'n' {
+        return (walk.value()? == "null").then_some(None);
+    }
+    let (mut content, mut seen) = (None, false);
+    walk.object(&mut |name, walk| {
+        let raw = walk.value()?;
+        if name == "content" {
+            if std::mem::replace(&mut seen, true) {
+                return None;
+            }
+            content = Some(raw);
+        }
+        Some(())
+    })?;
+    Some(Some(content))
+}
+
+/// A JSON string's text, borrowed unless it has escapes; `raw` is JSON
+/// already checked (by serde or a walk), so the text between the quotes of
+/// a string without a backslash is the string.
+fn json_text(raw: &str) -> Option<Cow<'_, str>> {
+    let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
+    if crate::scan::position_of(inner.as_bytes(), b'\\').is_none() {
+        Some(Cow::Borrowed(inner))
+    } else {
+        serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
+    }
 }
 
 pub(crate) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
@@ -605,14 +690,7 @@ pub(crate) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&
 
 /// A JSON string's text, borrowed unless it has escapes.
 pub(crate) fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    // Borrowing fails on an escape, and a failed read allocates its error:
-    // look for a backslash first.
-    let text = raw.get();
-    if crate::scan::position_of(text.as_bytes(), b'\\').is_none() {
-        serde_json::from_str::<&str>(text).ok().map(Cow::Borrowed)
-    } else {
-        serde_json::from_str::<String>(text).ok().map(Cow::Owned)
-    }
+    json_text(raw.get())
 }
 
 /// Whether `a` followed by `b` ends with `suffix`.
@@ -799,6 +877,10 @@ mod tests {
             r#""service_tier":"default","choices":[{"index":0,"delta":{"content":"sk-li"}}]}"#,
             r#""choices":[{"index":0,"delta":{"content":"ve-0123456789 and sk-live-0123456789"}}],"note":"sk-live-0123456789"}"#,
             r#""choices":[{"index":0,"delta":{"content":"ends sk-live-01"}}]}"#,
+            r#""choices":[{"index":0,"delta":["array"]}]}"#,
+            r#""choices":[{"index":0,"delta":{"content":"a","content":"b"}}]}"#,
+            r#""choices":[{"index":0,"delta":{"content":"x"}}],"choices":[{"index":0,"delta":{"content":"last"}}]}"#,
+            r#""n\u0061me":1,"choices":[{"index":0,"delta":{"content":"escaped name"}}]}"#,
             r#""choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
             r#""choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#,
         ];

@@ -1,5 +1,6 @@
 //! Request validation, for both operations: an error is always the
-//! contract's 400 envelope, and an accepted body is stable when re-encoded.
+//! contract's 400 envelope, an accepted body is stable when re-encoded, and
+//! the fast path answers exactly as the DOM validator alone does.
 
 #![no_main]
 
@@ -10,17 +11,26 @@ use waygate_fuzz::check_api_error;
 
 fuzz_target!(|data: &[u8]| {
     for op in [Operation::Chat, Operation::Completions] {
+        let dom = request::parse_dom(op, data);
         match request::parse(op, data) {
             Ok(r) => {
+                let d = dom.expect("the fast path accepts only what the DOM validator accepts");
+                assert_eq!((&r.model, r.stream, r.include_usage), (&d.model, d.stream, d.include_usage));
+                assert_eq!(r.body().unwrap(), d.body().unwrap());
                 assert_eq!(r.op, op);
-                assert_eq!(r.body.get("model").and_then(Value::as_str), Some(r.model.as_str()));
-                let again = serde_json::to_vec(&Value::Object(r.body.clone())).unwrap();
-                let reparsed = request::parse(op, &again).expect("an accepted body, re-encoded, is accepted");
-                assert_eq!(reparsed.body, r.body);
+                let body = r.body().unwrap();
+                assert_eq!(body.get("model").and_then(Value::as_str), Some(r.model.as_str()));
+                let members = r.members().unwrap();
+                let again = request::parse_dom(op, r.raw().as_bytes()).unwrap();
+                assert_eq!(members.0.len(), again.members().unwrap().0.len());
+                let encoded = serde_json::to_vec(body).unwrap();
+                let reparsed = request::parse(op, &encoded).expect("an accepted body, re-encoded, is accepted");
+                assert_eq!(reparsed.body().unwrap(), body);
             }
             Err(e) => {
                 check_api_error(&e);
                 assert_eq!((e.status, e.kind.as_str()), (400, "invalid_request_error"), "{e:?}");
+                assert_eq!(Some(e), dom.err(), "the fast path refuses nothing itself");
             }
         }
     }

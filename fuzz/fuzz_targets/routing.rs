@@ -25,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(!defaults.is_empty());
     assert!(defaults.iter().all(|c| c.provider < cfg.providers.len()));
-    let directive = match routing::parse_directive(&cfg, &body) {
+    let directive = match routing::parse_directive(&cfg, body.get(&cfg.routing_field)) {
         Ok(d) => d,
         Err(e) => {
             check_api_error(&e);

@@ -84,7 +84,7 @@ pub fn build_request(
     routing_field: &str,
 ) -> Result<UpstreamRequest, ApiError> {
     chat::check_common(request, &provider.id, routing_field)?;
-    let body = &request.body;
+    let body = request.body()?;
     if chat::n(body) > 1 {
         return Err(chat::unsupported("n"));
     }
@@ -512,7 +512,8 @@ pub fn translate_answer(request: &ParsedRequest, body: &[u8]) -> Result<(Value, 
     if message.kind != "message" {
         return Err(format!("answer has type '{}', not 'message'", message.kind));
     }
-    let mode = mode(&request.body).unwrap_or(Mode::Plain);
+    let body = request.body().map_err(|e| e.message)?;
+    let mode = mode(body).unwrap_or(Mode::Plain);
     let mut text: Option<String> = None;
     let mut calls = Vec::new();
     let mut schema_answer = None;
@@ -581,7 +582,8 @@ pub struct AnthropicStream {
 impl AnthropicStream {
     pub fn new(request: &ParsedRequest) -> Self {
         AnthropicStream {
-            mode: mode(&request.body).unwrap_or(Mode::Plain),
+            // Built when the request was: the body was read then.
+            mode: request.body().and_then(mode).unwrap_or(Mode::Plain),
             tool_blocks: Vec::new(),
             schema_block: None,
             usage: Usage::default(),

@@ -44,7 +44,7 @@ const LEGACY_ONLY: [&str; 4] = ["echo", "suffix", "best_of", "logprobs"];
 /// Refuses what no translating provider can express without changing the
 /// answer's shape (contract §6), and logs what is dropped.
 pub(super) fn check_common(request: &ParsedRequest, provider_id: &str, routing_field: &str) -> Result<(), ApiError> {
-    let body = &request.body;
+    let body = request.body()?;
     if request.op == Operation::Completions {
         for field in LEGACY_ONLY {
             if is_set(body.get(field)) {
@@ -169,10 +169,10 @@ pub(super) struct ToolCall<'a> {
 /// The conversation: `messages`, or the legacy `prompt` as one user message.
 pub(super) fn messages(request: &ParsedRequest) -> Result<Vec<Message<'_>>, ApiError> {
     if request.op == Operation::Completions {
-        let prompt = request.body.get("prompt").and_then(Value::as_str).unwrap_or("");
+        let prompt = request.body()?.get("prompt").and_then(Value::as_str).unwrap_or("");
         return Ok(vec![Message::User(vec![Part::Text(prompt)])]);
     }
-    let Some(Value::Array(raw)) = request.body.get("messages") else {
+    let Some(Value::Array(raw)) = request.body()?.get("messages") else {
         return Err(missing("messages"));
     };
     let mut out: Vec<Message<'_>> = Vec::with_capacity(raw.len());
@@ -643,15 +643,15 @@ pub(crate) mod tests {
         let body = chat(json!({"model": "a/b", "messages": [{"role": "user", "content": "x"}],
             "tools": [{"type": "function", "function": {"name": "f", "description": "d",
                 "parameters": {"type": "object"}}}],
-            "tool_choice": {"type": "function", "function": {"name": "f"}}}))
-        .body;
-        assert_eq!(tools(&body).unwrap()[0].name, "f");
-        assert_eq!(tool_choice(&body).unwrap(), Some(ToolChoice::Named("f")));
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}));
+        let body = body.body().unwrap();
+        assert_eq!(tools(body).unwrap()[0].name, "f");
+        assert_eq!(tool_choice(body).unwrap(), Some(ToolChoice::Named("f")));
         let body = chat(json!({"model": "a/b", "messages": [{"role": "user", "content": "x"}],
-            "tools": [{"type": "web_search"}], "tool_choice": "sometimes"}))
-        .body;
-        assert_eq!(tools(&body).unwrap_err().param.as_deref(), Some("tools.0.type"));
-        assert_eq!(tool_choice(&body).unwrap_err().param.as_deref(), Some("tool_choice"));
+            "tools": [{"type": "web_search"}], "tool_choice": "sometimes"}));
+        let body = body.body().unwrap();
+        assert_eq!(tools(body).unwrap_err().param.as_deref(), Some("tools.0.type"));
+        assert_eq!(tool_choice(body).unwrap_err().param.as_deref(), Some("tool_choice"));
     }
 
     #[test]

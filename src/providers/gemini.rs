@@ -60,7 +60,7 @@ pub fn build_request(
     routing_field: &str,
 ) -> Result<UpstreamRequest, ApiError> {
     chat::check_common(request, &provider.id, routing_field)?;
-    let body = &request.body;
+    let body = request.body()?;
     for field in ["user", "parallel_tool_calls"] {
         if chat::is_set(body.get(field)) {
             log::info!("waygate: provider {} cannot express {field}; dropped", provider.id);
@@ -529,7 +529,8 @@ pub fn translate_answer(request: &ParsedRequest, body: &[u8]) -> Result<(Value, 
     if candidates.is_empty() {
         // A refused prompt has no candidates, only the reason.
         if response.prompt_feedback.is_some_and(|f| f.block_reason.is_some()) {
-            let choices = (0..chat::n(&request.body).min(MAX_CANDIDATES))
+            let n = chat::n(request.body().map_err(|e| e.message)?);
+            let choices = (0..n.min(MAX_CANDIDATES))
                 .map(|i| chat::choice(i, None, Vec::new(), "content_filter"))
                 .collect();
             return Ok((chat::completion(choices), usage));
@@ -575,7 +576,8 @@ struct CandidateState {
 impl GeminiStream {
     pub fn new(request: &ParsedRequest) -> Self {
         GeminiStream {
-            expected: chat::n(&request.body).clamp(1, MAX_CANDIDATES),
+            // Built when the request was: the body was read then.
+            expected: request.body().map_or(1, chat::n).clamp(1, MAX_CANDIDATES),
             candidates: Vec::new(),
         }
     }

@@ -32,7 +32,7 @@ pub fn build_request(
         };
         (path, passthrough_body(request, upstream_model, routing_field)?)
     } else {
-        let mut body: Map<String, Value> = request.body.clone();
+        let mut body: Map<String, Value> = request.body()?.clone();
         body.remove(routing_field);
         body.insert("model".into(), Value::String(upstream_model.to_string()));
         legacy_to_chat(&mut body)?;
@@ -54,8 +54,8 @@ pub fn build_request(
 /// removed and, in a stream, usage asked for (limits and the access log need
 /// it). Every other member is copied byte for byte.
 fn passthrough_body(request: &ParsedRequest, upstream_model: &str, routing_field: &str) -> Result<Vec<u8>, ApiError> {
-    let members = Members::parse(&request.raw).map_err(|_| internal())?;
-    let mut body = Vec::with_capacity(request.raw.len().saturating_add(64));
+    let members = request.members()?;
+    let mut body = Vec::with_capacity(request.raw().len().saturating_add(64));
     let mut w = ObjectWriter::new(&mut body);
     for (name, value) in &members.0 {
         let replaced = name == "model" || (request.stream && name == "stream_options");

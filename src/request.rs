@@ -3,7 +3,7 @@
 //! pulled out. Unknown fields are kept: OpenAI's API has many more, and they
 //! pass through to providers.
 //!
-//! Two paths give the same answers: [`fast`] walks the text once and accepts
+//! Two paths give the same answers: `fast` walks the text once and accepts
 //! the usual body without building a DOM; whatever it is not sure of, and
 //! every error, goes to the DOM validator here, whose errors name the field.
 //! The DOM is built later only for translators that need one.

@@ -48,16 +48,33 @@ pub fn position_of_either(bytes: &[u8], a: u8, b: u8) -> Option<usize> {
     first(bytes, |w| zero_lanes(w ^ pa) | zero_lanes(w ^ pb), |x| x == a || x == b)
 }
 
-/// The first byte of `bytes` that ends a run of plain JSON string text: a
-/// quote, a backslash or a control character (below 0x20, which JSON forbids
-/// unescaped).
-pub fn position_of_string_stop(bytes: &[u8]) -> Option<usize> {
+/// Where the run of plain JSON string text starting at `at` ends: the index
+/// of its first quote, backslash or control character (below 0x20, which
+/// JSON forbids unescaped), or `bytes.len()`.
+/// The JSON walk's inner loop ([`crate::split`]): inlined, with a plain index
+/// for an answer, it keeps the position in a wasm local instead of the
+/// stack a returned `Option<usize>` goes through.
+#[inline(always)]
+pub fn string_stop_from(bytes: &[u8], mut at: usize) -> usize {
     let (quote, backslash) = (ONES.wrapping_mul(u64::from(b'"')), ONES.wrapping_mul(u64::from(b'\\')));
-    first(
-        bytes,
-        |w| zero_lanes(w ^ quote) | zero_lanes(w ^ backslash) | lanes_below(w, 0x20),
-        |b| b == b'"' || b == b'\\' || b < 0x20,
-    )
+    while let Some(word) = bytes
+        .get(at..at.wrapping_add(8))
+        .and_then(|w| <[u8; 8]>::try_from(w).ok())
+    {
+        let w = u64::from_le_bytes(word);
+        let flagged = zero_lanes(w ^ quote) | zero_lanes(w ^ backslash) | lanes_below(w, 0x20);
+        if flagged != 0 {
+            return at.wrapping_add((flagged.trailing_zeros() / 8) as usize);
+        }
+        at = at.wrapping_add(8);
+    }
+    while let Some(&b) = bytes.get(at) {
+        if b == b'"' || b == b'\\' || b < 0x20 {
+            return at;
+        }
+        at = at.wrapping_add(1);
+    }
+    at
 }
 
 #[cfg(test)]
@@ -88,9 +105,9 @@ mod tests {
         for start in 0..text.len() {
             let tail = &text[start..];
             let plain = tail.iter().position(|b| *b == b'"' || *b == b'\\' || *b < 0x20);
-            assert_eq!(position_of_string_stop(tail), plain);
+            assert_eq!(string_stop_from(&text, start), plain.map_or(text.len(), |p| start + p));
             let letters = vec![b'x'; tail.len()];
-            assert_eq!(position_of_string_stop(&letters), None);
+            assert_eq!(string_stop_from(&letters, 0), letters.len());
         }
     }
 }

@@ -1,7 +1,9 @@
-//! The fast path of [`crate::members::Members`]: one JSON object split into
-//! its top-level members in a single pass over the text, without serde's
-//! machinery per member (in wasm that machinery, not the bytes, was most of
-//! the cost of a stream event).
+//! JSON text read in one pass without serde's machinery per member (in
+//! wasm that machinery, not the bytes, was most of the cost of a stream
+//! event): [`split`], the fast path of [`crate::members::Members`], gives
+//! an object's top-level members; a [`Walk`] lets its caller look inside
+//! values as it passes them (each message of a request, each choice of a
+//! stream chunk).
 //!
 //! It is conservative. It answers only for text that serde_json reads the
 //! same way: JSON as serde's raw values accept it, member names without
@@ -10,11 +12,12 @@
 //! whose errors then name the problem. The raw values are the slices serde's
 //! `RawValue` gives: the value's own bytes, no whitespace around them.
 //!
-//! [`Walk`] holds the text to what serde's `Value` accepts, which is stricter than a raw value: they also refuse lone
-//! surrogate escapes and, conservatively, any number with an exponent or over
-//! 300 integer digits (serde refuses those beyond f64's range).
+//! [`Walk::values`] holds the text to what serde's `Value` accepts, which is
+//! stricter than a raw value: it also refuses lone surrogate escapes and,
+//! conservatively, any number with an exponent or over 300 integer digits
+//! (serde refuses those beyond f64's range).
 
-use crate::scan::position_of_string_stop;
+use crate::scan::string_stop_from;
 
 /// Deeper nesting is left to serde (which allows any depth in a raw value).
 const MAX_DEPTH: usize = 64;
@@ -73,18 +76,42 @@ impl<'a> Walk<'a> {
     /// The next value as an object: `member(name, walk)` for each member,
     /// which must take the member's value off the walk.
     pub fn object(&mut self, member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>) -> Option<&'a str> {
-        self.container(b'{', b'}', &mut |walk| {
-            let name = walk.c.plain_name()?;
-            walk.c.whitespace();
-            walk.c.eat(b':')?;
-            member(walk.c.text.get(name.0..name.1)?, walk)
-        })
+        let start = self.open(b'{')?;
+        if self.c.peek()? != b'}' {
+            loop {
+                self.c.whitespace();
+                let (from, to) = self.c.plain_name()?;
+                self.c.whitespace();
+                self.c.eat(b':')?;
+                member(self.c.text.get(from..to)?, self)?;
+                if self.close(b'}')? {
+                    break;
+                }
+            }
+        } else {
+            self.c.advance(1);
+        }
+        self.depth = self.depth.saturating_sub(1);
+        self.c.text.get(start..self.c.at)
     }
 
     /// The next value as an array: `element(walk)` for each element, which
     /// must take it off the walk.
     pub fn array(&mut self, element: &mut dyn FnMut(&mut Walk<'a>) -> Option<()>) -> Option<&'a str> {
-        self.container(b'[', b']', element)
+        let start = self.open(b'[')?;
+        if self.c.peek()? != b']' {
+            loop {
+                self.c.whitespace();
+                element(self)?;
+                if self.close(b']')? {
+                    break;
+                }
+            }
+        } else {
+            self.c.advance(1);
+        }
+        self.depth = self.depth.saturating_sub(1);
+        self.c.text.get(start..self.c.at)
     }
 
     /// Only whitespace is left.
@@ -93,29 +120,28 @@ impl<'a> Walk<'a> {
         (self.c.at == self.c.bytes.len()).then_some(())
     }
 
-    fn container(&mut self, open: u8, close: u8, item: &mut dyn FnMut(&mut Walk<'a>) -> Option<()>) -> Option<&'a str> {
+    /// Steps into the container `open` starts; where it starts. After it,
+    /// the next byte that is not whitespace.
+    fn open(&mut self, open: u8) -> Option<usize> {
         if self.peek()? != open || self.depth >= MAX_DEPTH {
             return None;
         }
         let start = self.c.at;
         self.c.advance(1);
         self.depth = self.depth.saturating_add(1);
-        if self.peek()? == close {
-            self.c.advance(1);
-        } else {
-            loop {
-                self.c.whitespace();
-                item(self)?;
-                self.c.whitespace();
-                match self.c.next()? {
-                    b',' => {}
-                    b if b == close => break,
-                    _ => return None,
-                }
-            }
+        self.c.whitespace();
+        Some(start)
+    }
+
+    /// After an item: `true` at the container's end (`close`), `false`
+    /// before the next item.
+    fn close(&mut self, close: u8) -> Option<bool> {
+        self.c.whitespace();
+        match self.c.next()? {
+            b',' => Some(false),
+            b if b == close => Some(true),
+            _ => None,
         }
-        self.depth = self.depth.saturating_sub(1);
-        self.c.text.get(start..self.c.at)
     }
 }
 
@@ -197,151 +223,218 @@ impl<'a> Cursor<'a> {
     fn plain_name(&mut self) -> Option<(usize, usize)> {
         self.eat(b'"')?;
         let start = self.at;
-        let stop = position_of_string_stop(self.bytes.get(start..)?)?;
-        self.advance(stop);
+        let stop = string_stop_from(self.bytes, start);
         // A backslash or a control character: serde's to read (or refuse).
-        self.eat(b'"')?;
-        Some((start, start.saturating_add(stop)))
+        if self.bytes.get(stop) != Some(&b'"') {
+            return None;
+        }
+        self.at = stop.wrapping_add(1);
+        Some((start, stop))
     }
 
+    /// One value, its first byte next, nested at most `MAX_DEPTH - depth`
+    /// deeper. One loop, the position in a local and the open containers as
+    /// bits of a word: in wasm a call per token, with the position kept in
+    /// memory, cost more than the bytes themselves.
     fn value(&mut self, depth: usize) -> Option<()> {
-        match self.peek()? {
-            b'"' => {
-                self.advance(1);
-                self.string_rest()
+        let (bytes, values) = (self.bytes, self.values);
+        let room = MAX_DEPTH.saturating_sub(depth);
+        let mut at = self.at;
+        // Bit 0 is the innermost open container: 1 for an object.
+        let (mut objects, mut open) = (0u64, 0usize);
+        loop {
+            // A value starts at `at`.
+            match *bytes.get(at)? {
+                b'"' => at = string_end(bytes, at.wrapping_add(1), values)?,
+                bracket @ (b'{' | b'[') => {
+                    if open >= room {
+                        return None;
+                    }
+                    let object = bracket == b'{';
+                    let close = if object { b'}' } else { b']' };
+                    at = whitespace_from(bytes, at.wrapping_add(1));
+                    if bytes.get(at) == Some(&close) {
+                        at = at.wrapping_add(1);
+                    } else {
+                        objects = (objects << 1) | u64::from(object);
+                        open = open.wrapping_add(1);
+                        if object {
+                            at = member_value_start(bytes, at, values)?;
+                        }
+                        continue;
+                    }
+                }
+                b't' => at = literal_end(bytes, at, b"true")?,
+                b'f' => at = literal_end(bytes, at, b"false")?,
+                b'n' => at = literal_end(bytes, at, b"null")?,
+                b'-' | b'0'..=b'9' => at = number_end(bytes, at, values)?,
+                _ => return None,
             }
-            b'{' | b'[' if depth >= MAX_DEPTH => None,
-            b'{' => self.container(b'}', depth.saturating_add(1)),
-            b'[' => self.container(b']', depth.saturating_add(1)),
-            b't' => self.literal(b"true"),
-            b'f' => self.literal(b"false"),
-            b'n' => self.literal(b"null"),
-            b'-' => {
-                self.advance(1);
-                self.number()
+            // After a value: close what ends here, or on to the next item.
+            loop {
+                if open == 0 {
+                    self.at = at;
+                    return Some(());
+                }
+                at = whitespace_from(bytes, at);
+                let object = objects & 1 == 1;
+                match *bytes.get(at)? {
+                    b',' => {
+                        at = whitespace_from(bytes, at.wrapping_add(1));
+                        if object {
+                            at = member_value_start(bytes, at, values)?;
+                        }
+                        break;
+                    }
+                    b'}' if object => {}
+                    b']' if !object => {}
+                    _ => return None,
+                }
+                objects >>= 1;
+                open = open.wrapping_sub(1);
+                at = at.wrapping_add(1);
             }
-            b'0'..=b'9' => self.number(),
-            _ => None,
         }
     }
+}
 
-    /// A string after its opening quote, escapes as serde's raw values
-    /// accept them (any four hex digits after `\u`).
-    fn string_rest(&mut self) -> Option<()> {
-        loop {
-            let stop = position_of_string_stop(self.bytes.get(self.at..)?)?;
-            self.advance(stop);
-            match self.next()? {
-                b'"' => return Some(()),
-                b'\\' => match self.next()? {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+/// JSON's four whitespace bytes from `at`, as serde skips them: where they end.
+#[inline(always)]
+fn whitespace_from(bytes: &[u8], mut at: usize) -> usize {
+    while matches!(bytes.get(at), Some(b' ' | b'\n' | b'\t' | b'\r')) {
+        at = at.wrapping_add(1);
+    }
+    at
+}
+
+/// A member's `"name":` at `at` (any JSON string as a name): where its value starts.
+#[inline(always)]
+fn member_value_start(bytes: &[u8], at: usize, values: bool) -> Option<usize> {
+    if bytes.get(at) != Some(&b'"') {
+        return None;
+    }
+    let at = whitespace_from(bytes, string_end(bytes, at.wrapping_add(1), values)?);
+    if bytes.get(at) != Some(&b':') {
+        return None;
+    }
+    Some(whitespace_from(bytes, at.wrapping_add(1)))
+}
+
+/// The end of a string whose text starts at `at` (just past its quote).
+#[inline(always)]
+fn string_end(bytes: &[u8], at: usize, values: bool) -> Option<usize> {
+    let stop = string_stop_from(bytes, at);
+    if bytes.get(stop) == Some(&b'"') {
+        return Some(stop.wrapping_add(1));
+    }
+    string_end_escaped(bytes, stop, values)
+}
+
+/// [`string_end`] from its first escape or control character, escapes as
+/// serde's raw values accept them (any four hex digits after `\u`) or, for
+/// `values`, as its `Value` does (no lone surrogates).
+#[inline(never)]
+fn string_end_escaped(bytes: &[u8], mut at: usize, values: bool) -> Option<usize> {
+    loop {
+        match *bytes.get(at)? {
+            b'"' => return Some(at.wrapping_add(1)),
+            b'\\' => {
+                at = at.wrapping_add(1);
+                match *bytes.get(at)? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => at = at.wrapping_add(1),
                     b'u' => {
-                        let unit = self.hex4()?;
+                        let unit = hex4(bytes, at.wrapping_add(1))?;
+                        at = at.wrapping_add(5);
                         // serde's Value refuses a lone surrogate: a high one
                         // must be followed at once by an escaped low one.
-                        if self.values && (0xD800..=0xDFFF).contains(&unit) {
-                            if unit >= 0xDC00 {
+                        if values && (0xD800..=0xDFFF).contains(&unit) {
+                            if unit >= 0xDC00 || bytes.get(at..at.wrapping_add(2)) != Some(b"\\u") {
                                 return None;
                             }
-                            self.eat(b'\\')?;
-                            self.eat(b'u')?;
-                            if !(0xDC00..=0xDFFF).contains(&self.hex4()?) {
+                            if !(0xDC00..=0xDFFF).contains(&hex4(bytes, at.wrapping_add(2))?) {
                                 return None;
                             }
+                            at = at.wrapping_add(6);
                         }
                     }
                     _ => return None,
-                },
-                // A control character.
-                _ => return None,
-            }
-        }
-    }
-
-    /// Four hex digits, as the code unit they spell.
-    fn hex4(&mut self) -> Option<u32> {
-        let mut unit = 0;
-        for _ in 0..4 {
-            let digit = char::from(self.next()?).to_digit(16)?;
-            unit = (unit << 4) | digit;
-        }
-        Some(unit)
-    }
-
-    /// An object (`close` is `}`: `"name": value` members) or an array
-    /// (`]`: values), its opening bracket next.
-    fn container(&mut self, close: u8, depth: usize) -> Option<()> {
-        self.advance(1);
-        self.whitespace();
-        if self.peek()? == close {
-            self.advance(1);
-            return Some(());
-        }
-        loop {
-            self.whitespace();
-            if close == b'}' {
-                self.eat(b'"')?;
-                self.string_rest()?;
-                self.whitespace();
-                self.eat(b':')?;
-                self.whitespace();
-            }
-            self.value(depth)?;
-            self.whitespace();
-            match self.next()? {
-                b',' => {}
-                b if b == close => return Some(()),
-                _ => return None,
-            }
-        }
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        let end = self.at.checked_add(word.len())?;
-        (self.bytes.get(self.at..end)? == word).then(|| self.at = end)
-    }
-
-    fn digits(&mut self) -> usize {
-        let start = self.at;
-        while self.peek().is_some_and(|b| b.is_ascii_digit()) {
-            self.advance(1);
-        }
-        self.at.saturating_sub(start)
-    }
-
-    /// A number after its sign, in serde's grammar: one leading zero at
-    /// most, digits after a point, digits after an exponent's sign.
-    fn number(&mut self) -> Option<()> {
-        match self.next()? {
-            b'0' if self.peek().is_some_and(|b| b.is_ascii_digit()) => return None,
-            b'0' => {}
-            b'1'..=b'9' => {
-                if self.digits() >= MAX_VALUE_DIGITS && self.values {
-                    return None;
                 }
             }
+            // A control character.
             _ => return None,
         }
-        if self.peek() == Some(b'.') {
-            self.advance(1);
-            if self.digits() == 0 {
-                return None;
-            }
-        }
-        if matches!(self.peek(), Some(b'e' | b'E')) {
-            if self.values {
-                return None;
-            }
-            self.advance(1);
-            if matches!(self.peek(), Some(b'+' | b'-')) {
-                self.advance(1);
-            }
-            if self.digits() == 0 {
-                return None;
-            }
-        }
-        Some(())
+        at = string_stop_from(bytes, at);
     }
+}
+
+/// The four hex digits at `at`, as the code unit they spell.
+fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
+    let mut unit = 0;
+    for digit in bytes.get(at..at.wrapping_add(4))? {
+        unit = (unit << 4) | char::from(*digit).to_digit(16)?;
+    }
+    Some(unit)
+}
+
+#[inline(always)]
+fn literal_end(bytes: &[u8], at: usize, word: &[u8]) -> Option<usize> {
+    let end = at.checked_add(word.len())?;
+    (bytes.get(at..end)? == word).then_some(end)
+}
+
+#[inline(always)]
+fn digits_from(bytes: &[u8], mut at: usize) -> usize {
+    while bytes.get(at).is_some_and(u8::is_ascii_digit) {
+        at = at.wrapping_add(1);
+    }
+    at
+}
+
+/// The end of the number at `at`, in serde's grammar: a sign, one leading
+/// zero at most, digits after a point, digits after an exponent's sign.
+/// For `values`, no exponent and at most [`MAX_VALUE_DIGITS`] integer digits.
+fn number_end(bytes: &[u8], mut at: usize, values: bool) -> Option<usize> {
+    if bytes.get(at) == Some(&b'-') {
+        at = at.wrapping_add(1);
+    }
+    match *bytes.get(at)? {
+        b'0' => {
+            at = at.wrapping_add(1);
+            if bytes.get(at).is_some_and(u8::is_ascii_digit) {
+                return None;
+            }
+        }
+        b'1'..=b'9' => {
+            let end = digits_from(bytes, at);
+            if values && end.wrapping_sub(at) >= MAX_VALUE_DIGITS {
+                return None;
+            }
+            at = end;
+        }
+        _ => return None,
+    }
+    if bytes.get(at) == Some(&b'.') {
+        let end = digits_from(bytes, at.wrapping_add(1));
+        if end == at.wrapping_add(1) {
+            return None;
+        }
+        at = end;
+    }
+    if matches!(bytes.get(at), Some(b'e' | b'E')) {
+        if values {
+            return None;
+        }
+        at = at.wrapping_add(1);
+        if matches!(bytes.get(at), Some(b'+' | b'-')) {
+            at = at.wrapping_add(1);
+        }
+        let end = digits_from(bytes, at);
+        if end == at {
+            return None;
+        }
+        at = end;
+    }
+    Some(at)
 }
 
 #[cfg(test)]

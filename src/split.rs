@@ -77,41 +77,27 @@ impl<'a> Walk<'a> {
     /// which must take the member's value off the walk.
     pub fn object(&mut self, member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>) -> Option<&'a str> {
         let start = self.open(b'{')?;
-        if self.c.peek()? != b'}' {
-            loop {
-                self.c.whitespace();
-                let (from, to) = self.c.plain_name()?;
-                self.c.whitespace();
-                self.c.eat(b':')?;
-                member(self.c.text.get(from..to)?, self)?;
-                if self.close(b'}')? {
-                    break;
-                }
-            }
-        } else {
-            self.c.advance(1);
+        let mut more = self.first_item(b'}')?;
+        while more {
+            let (from, to) = self.c.plain_name()?;
+            self.c.whitespace();
+            self.c.eat(b':')?;
+            member(self.c.text.get(from..to)?, self)?;
+            more = self.next_item(b'}')?;
         }
-        self.depth = self.depth.saturating_sub(1);
-        self.c.text.get(start..self.c.at)
+        self.leave(start)
     }
 
     /// The next value as an array: `element(walk)` for each element, which
     /// must take it off the walk.
     pub fn array(&mut self, element: &mut dyn FnMut(&mut Walk<'a>) -> Option<()>) -> Option<&'a str> {
         let start = self.open(b'[')?;
-        if self.c.peek()? != b']' {
-            loop {
-                self.c.whitespace();
-                element(self)?;
-                if self.close(b']')? {
-                    break;
-                }
-            }
-        } else {
-            self.c.advance(1);
+        let mut more = self.first_item(b']')?;
+        while more {
+            element(self)?;
+            more = self.next_item(b']')?;
         }
-        self.depth = self.depth.saturating_sub(1);
-        self.c.text.get(start..self.c.at)
+        self.leave(start)
     }
 
     /// Only whitespace is left.
@@ -120,8 +106,7 @@ impl<'a> Walk<'a> {
         (self.c.at == self.c.bytes.len()).then_some(())
     }
 
-    /// Steps into the container `open` starts; where it starts. After it,
-    /// the next byte that is not whitespace.
+    /// Steps into the container `open` starts; where it starts.
     fn open(&mut self, open: u8) -> Option<usize> {
         if self.peek()? != open || self.depth >= MAX_DEPTH {
             return None;
@@ -129,19 +114,36 @@ impl<'a> Walk<'a> {
         let start = self.c.at;
         self.c.advance(1);
         self.depth = self.depth.saturating_add(1);
-        self.c.whitespace();
         Some(start)
     }
 
-    /// After an item: `true` at the container's end (`close`), `false`
-    /// before the next item.
-    fn close(&mut self, close: u8) -> Option<bool> {
+    /// Just inside a container: whether an item comes before `close`.
+    fn first_item(&mut self, close: u8) -> Option<bool> {
+        if self.peek()? == close {
+            self.c.advance(1);
+            return Some(false);
+        }
+        Some(true)
+    }
+
+    /// After an item: whether another follows (a comma) or the container
+    /// ends here (`close`); the next item's first byte is next.
+    fn next_item(&mut self, close: u8) -> Option<bool> {
         self.c.whitespace();
         match self.c.next()? {
-            b',' => Some(false),
-            b if b == close => Some(true),
+            b',' => {
+                self.c.whitespace();
+                Some(true)
+            }
+            b if b == close => Some(false),
             _ => None,
         }
+    }
+
+    /// Steps out of the container that began at `start`: its raw text.
+    fn leave(&mut self, start: usize) -> Option<&'a str> {
+        self.depth = self.depth.saturating_sub(1);
+        self.c.text.get(start..self.c.at)
     }
 }
 

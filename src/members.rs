@@ -123,8 +123,16 @@ impl<'o> ObjectWriter<'o> {
 
     fn name(&mut self, name: &str) {
         self.comma();
-        write_string(self.out, name);
-        self.out.push(b':');
+        // Names here are the filter's own ("id", "usage"): nothing to escape,
+        // so serde's escaping writer is kept for a name that would need it.
+        if name.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            self.out.push(b'"');
+            self.out.extend_from_slice(name.as_bytes());
+            self.out.extend_from_slice(b"\":");
+        } else {
+            write_string(self.out, name);
+            self.out.push(b':');
+        }
     }
 
     fn comma(&mut self) {
@@ -155,8 +163,13 @@ impl<'o> ObjectWriter<'o> {
     }
 
     pub fn number(&mut self, name: &str, value: u64) {
+        self.value(name, &value);
+    }
+
+    /// A member whose value is an object, written by the writer returned.
+    pub fn object(&mut self, name: &str) -> ObjectWriter<'_> {
         self.name(name);
-        self.out.extend_from_slice(value.to_string().as_bytes());
+        ObjectWriter::new(self.out)
     }
 
     /// A member encoded by serde (a `Value`, a number).

@@ -6,6 +6,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Value, json};
 
+use crate::members::ObjectWriter;
+
 /// Prompt and completion tokens of one answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -33,6 +35,15 @@ impl Usage {
     /// tenth of the filter's work per request as a DOM.
     pub fn from_openai_raw(json: &str) -> Option<Usage> {
         serde_json::from_str::<WireUsage>(json).ok()?.0
+    }
+
+    /// [`Usage::to_json`] written straight into `w` (its members in the
+    /// order serde's map gives them: names sorted), without a tree.
+    pub fn write_json(self, mut w: ObjectWriter<'_>) {
+        w.number("completion_tokens", self.completion_tokens);
+        w.number("prompt_tokens", self.prompt_tokens);
+        w.number("total_tokens", self.total());
+        w.finish();
     }
 
     pub fn to_json(self) -> Value {
@@ -175,6 +186,19 @@ mod tests {
 
     fn raw(json: &str) -> Option<Usage> {
         Usage::from_openai_raw(json)
+    }
+
+    #[test]
+    fn usage_is_written_as_its_tree_encodes() {
+        for (prompt, completion) in [(0, 0), (8, 377), (u64::MAX, 1), (1234567890123, 9)] {
+            let usage = Usage {
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+            };
+            let mut out = Vec::new();
+            usage.write_json(ObjectWriter::new(&mut out));
+            assert_eq!(out, serde_json::to_vec(&usage.to_json()).unwrap());
+        }
     }
 
     #[test]

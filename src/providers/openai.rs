@@ -139,7 +139,7 @@ pub fn finish_chat(stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), Strin
             w.member(name, *value);
         }
     }
-    w.value("usage", &usage.to_json());
+    usage.write_json(w.object("usage"));
     w.finish();
     Ok((out, usage))
 }

@@ -74,6 +74,51 @@ fn the_provider_gets_its_own_credential_model_and_path_never_the_clients() {
     );
 }
 
+/// The filter validates the usual body in one walk and leaves anything it
+/// is not sure of to a full DOM validator (`src/request/fast.rs`). Either way
+/// the provider gets the client's members byte for byte, only the model
+/// renamed (written last, as the model is here) and an escaped name written
+/// plainly.
+#[test]
+fn bodies_either_validator_reads_reach_the_provider_byte_for_byte() {
+    let gw = Gateway::start();
+    let message = r#"{"role":"user","content":"caf\u00e9 \ud83d\ude00 \"quoted\""}"#;
+    let deep = format!(r#""metadata":{{"a":{}{}}}"#, "[".repeat(70), "]".repeat(70));
+    for (sent, expected) in [
+        // The walk's: plain JSON.
+        (
+            r#""temperature":0.7,"max_tokens":64,"metadata":{"a":[1,{"b":null}]}"#,
+            None,
+        ),
+        // The DOM's: exponents, a repeated name, an escaped name, deep nesting.
+        (r#""temperature":7e-1,"logit_bias":{"50256":-1E2}"#, None),
+        (r#""messages":[],"seed":1"#, None),
+        (r#""m\u0065tadata":{"a":"b"}"#, Some(r#""metadata":{"a":"b"}"#)),
+        (deep.as_str(), None),
+    ] {
+        gw.fakes.clear_received();
+        let body = format!(r#"{{{sent},"messages":[{message}],"model":"fake/echo"}}"#);
+        let r = gw.post("/api/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{body}: {}", r.text());
+        let got = gw.fakes.received();
+        assert_eq!(got.len(), 1);
+        let expected = expected.unwrap_or(sent);
+        assert_eq!(
+            String::from_utf8_lossy(&got[0].body),
+            format!(r#"{{{expected},"messages":[{message}],"model":"echo"}}"#)
+        );
+    }
+    // And both refuse alike, naming the field.
+    for body in [
+        r#"{"model":"fake/echo","messages":[{"role":"user","content":"x"}],"temperature":2.5}"#,
+        r#"{"model":"fake/echo","messages":[{"role":"user","content":"x"}],"temperature":25e-1}"#,
+    ] {
+        let r = gw.post("/api/v1/chat/completions", body);
+        assert_eq!(r.status, 400, "{body}");
+        assert_eq!(r.json()["error"]["param"], "temperature", "{body}");
+    }
+}
+
 #[test]
 fn a_stream_is_rewritten_chunk_by_chunk_and_ends_with_done() {
     let gw = Gateway::start();

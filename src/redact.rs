@@ -26,15 +26,27 @@ pub fn scrub(bytes: &mut Vec<u8>, secret: &str) {
 /// [`scrub`] on what was appended to `bytes` after `start`. Runs on every
 /// answer and stream event, so it allocates only when it finds something.
 pub fn scrub_from(bytes: &mut Vec<u8>, start: usize, secret: &str) {
+    scrub_forms_from(bytes, start, secret, escaped_form(secret).as_deref());
+}
+
+/// How `secret` looks inside a JSON string when that differs from the
+/// secret itself (usual keys have nothing JSON escapes).
+pub fn escaped_form(secret: &str) -> Option<String> {
+    if !secret.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        return None;
+    }
+    let quoted = serde_json::to_string(secret).ok()?;
+    quoted.get(1..quoted.len().saturating_sub(1)).map(str::to_string)
+}
+
+/// [`scrub_from`] with the escaped form worked out once ([`escaped_form`]):
+/// a stream scrubs every callback's output.
+pub fn scrub_forms_from(bytes: &mut Vec<u8>, start: usize, secret: &str, escaped: Option<&str>) {
     if start >= bytes.len() || secret.len() < MIN_LEN {
         return;
     }
     replace_all(bytes, start, secret.as_bytes());
-    // Usual keys have nothing JSON escapes: the escaped form is the same.
-    if secret.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20)
-        && let Ok(quoted) = serde_json::to_string(secret)
-        && let Some(escaped) = quoted.get(1..quoted.len().saturating_sub(1))
-    {
+    if let Some(escaped) = escaped {
         replace_all(bytes, start, escaped.as_bytes());
     }
 }

@@ -820,6 +820,30 @@ mod tests {
             .collect()
     }
 
+    /// Found by the `stream_openai` fuzz target (the harness then held every
+    /// event to serde's DOM): a copied chunk passes a number beyond f64's
+    /// range on as the provider wrote it, as the stamping of answers does,
+    /// rather than ending the client's stream over a member it never reads.
+    #[test]
+    fn a_number_beyond_f64_in_a_copied_chunk_passes_as_written() {
+        let input = UPSTREAM.replacen(
+            "\"delta\":{\"content\":\"Hé\"},\"finish_reason\":null}]}",
+            "\"delta\":{\"content\":\"Hé\"},\"finish_reason\":null,\"logprob\":-1e999}],\"x\":1E400}",
+            1,
+        );
+        assert_ne!(input, UPSTREAM);
+        let out = replay(Operation::Chat, false, input.as_bytes());
+        let ev = events(&out);
+        assert_eq!(ev.len(), 4, "{out}");
+        assert!(
+            ev[1].ends_with(
+                r#""choices":[{"index":0,"delta":{"content":"Hé"},"finish_reason":null,"logprob":-1e999}],"x":1E400}"#
+            ),
+            "{out}"
+        );
+        assert_eq!(*ev.last().unwrap(), "[DONE]");
+    }
+
     #[test]
     fn chunks_are_stamped_and_usage_hidden_unless_asked() {
         let out = replay(Operation::Chat, false, UPSTREAM.as_bytes());

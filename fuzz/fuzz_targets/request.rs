@@ -15,7 +15,10 @@ fuzz_target!(|data: &[u8]| {
         match request::parse(op, data) {
             Ok(r) => {
                 let d = dom.expect("the fast path accepts only what the DOM validator accepts");
-                assert_eq!((&r.model, r.stream, r.include_usage), (&d.model, d.stream, d.include_usage));
+                assert_eq!(
+                    (&r.model, r.stream, r.include_usage),
+                    (&d.model, d.stream, d.include_usage)
+                );
                 assert_eq!(r.body().unwrap(), d.body().unwrap());
                 assert_eq!(r.op, op);
                 let body = r.body().unwrap();

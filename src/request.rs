@@ -109,16 +109,25 @@ pub fn parse(op: Operation, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
             dom: OnceCell::new(),
         });
     }
-    parse_dom(op, bytes)
+    validate_dom(op, bytes, text)
 }
 
 /// The DOM validator alone: what [`parse`] does when the fast path is not
 /// sure. Public so the tests and the `request` fuzz target can hold the two
 /// paths to the same answers.
 pub fn parse_dom(op: Operation, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
+    validate_dom(op, bytes, std::str::from_utf8(bytes))
+}
+
+/// [`parse_dom`] on `bytes` already checked as UTF-8 (`text`), so the body
+/// the fast path left is not checked twice.
+fn validate_dom(
+    op: Operation,
+    bytes: &[u8],
+    text: Result<&str, std::str::Utf8Error>,
+) -> Result<ParsedRequest, ApiError> {
     // Invalid UTF-8 is parsed as bytes only for serde's error, which names
     // where the bad byte is.
-    let text = std::str::from_utf8(bytes);
     let parsed = match text {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(bytes),

@@ -823,29 +823,18 @@ fn main() -> wasmtime::Result<()> {
     // 164-character keys, and the stream's credential scrubbing once cost
     // in proportion to the key: the same stream is measured with one.
     let long_key_config = with_long_openai_key(&config);
+    let openai_stream = || {
+        exchange(
+            "fake/gpt-4o-mini",
+            true,
+            "/v1/chat/completions",
+            "tests/fixtures/openai/chat_completion.json",
+        )
+    };
+    let openai_events = "tests/fixtures/openai/chat_completion_stream.sse";
     let streams = [
-        (
-            "openai",
-            exchange(
-                "fake/gpt-4o-mini",
-                true,
-                "/v1/chat/completions",
-                "tests/fixtures/openai/chat_completion.json",
-            ),
-            "tests/fixtures/openai/chat_completion_stream.sse",
-            &config,
-        ),
-        (
-            "openai-k164",
-            exchange(
-                "fake/gpt-4o-mini",
-                true,
-                "/v1/chat/completions",
-                "tests/fixtures/openai/chat_completion.json",
-            ),
-            "tests/fixtures/openai/chat_completion_stream.sse",
-            &long_key_config,
-        ),
+        ("openai", openai_stream(), openai_events, &config),
+        ("openai-k164", openai_stream(), openai_events, &long_key_config),
         (
             "anthropic",
             exchange(

@@ -24,14 +24,64 @@ pub fn scrub(bytes: &mut Vec<u8>, secret: &str) {
 }
 
 /// [`scrub`] on what was appended to `bytes` after `start`. Runs on every
-/// answer and stream event, so it allocates only when it finds something.
+/// answer, so it allocates only when it finds something (or for a secret
+/// with characters JSON escapes).
 pub fn scrub_from(bytes: &mut Vec<u8>, start: usize, secret: &str) {
-    scrub_forms_from(bytes, start, secret, escaped_form(secret).as_deref());
+    if secret.len() >= MIN_LEN {
+        replace_all(bytes, start, secret.as_bytes(), anchor(secret.as_bytes()));
+        if let Some(escaped) = escaped_form(secret) {
+            replace_all(bytes, start, escaped.as_bytes(), anchor(escaped.as_bytes()));
+        }
+    }
+}
+
+/// A credential made ready for scrubbing many outputs (a stream scrubs
+/// every callback's): its JSON-escaped form and where each search starts,
+/// worked out once.
+pub struct Secret {
+    plain: String,
+    anchor: usize,
+    /// The secret as it looks inside a JSON string, when that differs
+    /// (usual keys have nothing JSON escapes), and its anchor.
+    escaped: Option<(String, usize)>,
+}
+
+impl Secret {
+    pub fn new(secret: &str) -> Secret {
+        Secret {
+            plain: secret.to_string(),
+            anchor: anchor(secret.as_bytes()),
+            escaped: escaped_form(secret).map(|escaped| {
+                let at = anchor(escaped.as_bytes());
+                (escaped, at)
+            }),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.plain
+    }
+
+    /// Whether the secret itself occurs in `bytes`.
+    pub fn occurs_in(&self, bytes: &[u8]) -> bool {
+        find_anchored(bytes, self.plain.as_bytes(), self.anchor, 0).is_some()
+    }
+
+    /// Replaces every occurrence after `start`, in either form, with [`REDACTED`].
+    pub fn scrub_from(&self, bytes: &mut Vec<u8>, start: usize) {
+        if self.plain.len() < MIN_LEN {
+            return;
+        }
+        replace_all(bytes, start, self.plain.as_bytes(), self.anchor);
+        if let Some((escaped, at)) = &self.escaped {
+            replace_all(bytes, start, escaped.as_bytes(), *at);
+        }
+    }
 }
 
 /// How `secret` looks inside a JSON string when that differs from the
-/// secret itself (usual keys have nothing JSON escapes).
-pub fn escaped_form(secret: &str) -> Option<String> {
+/// secret itself.
+fn escaped_form(secret: &str) -> Option<String> {
     if !secret.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
         return None;
     }
@@ -39,20 +89,8 @@ pub fn escaped_form(secret: &str) -> Option<String> {
     quoted.get(1..quoted.len().saturating_sub(1)).map(str::to_string)
 }
 
-/// [`scrub_from`] with the escaped form worked out once ([`escaped_form`]):
-/// a stream scrubs every callback's output.
-pub fn scrub_forms_from(bytes: &mut Vec<u8>, start: usize, secret: &str, escaped: Option<&str>) {
-    if start >= bytes.len() || secret.len() < MIN_LEN {
-        return;
-    }
-    replace_all(bytes, start, secret.as_bytes());
-    if let Some(escaped) = escaped {
-        replace_all(bytes, start, escaped.as_bytes());
-    }
-}
-
-fn replace_all(bytes: &mut Vec<u8>, start: usize, needle: &[u8]) {
-    let Some(mut at) = find(bytes, needle, start) else {
+fn replace_all(bytes: &mut Vec<u8>, start: usize, needle: &[u8], anchor: usize) {
+    let Some(mut at) = find_anchored(bytes, needle, anchor, start) else {
         return;
     };
     let mut out = Vec::with_capacity(bytes.len());
@@ -61,7 +99,7 @@ fn replace_all(bytes: &mut Vec<u8>, start: usize, needle: &[u8]) {
         out.extend_from_slice(bytes.get(from..at).unwrap_or_default());
         out.extend_from_slice(REDACTED.as_bytes());
         from = at.saturating_add(needle.len());
-        match find(bytes, needle, from) {
+        match find_anchored(bytes, needle, anchor, from) {
             Some(next) => at = next,
             None => break,
         }
@@ -73,16 +111,57 @@ fn replace_all(bytes: &mut Vec<u8>, start: usize, needle: &[u8]) {
 /// The first `needle` in `haystack` at or after `from` (never for an empty
 /// needle).
 pub fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    let (&first, rest) = needle.split_first()?;
-    let mut start = from;
+    find_anchored(haystack, needle, anchor(needle), from)
+}
+
+/// Where in `needle` a search starts: its byte least common in the JSON
+/// and prose it is searched in. Every byte the word scan stops at costs a
+/// comparison; a key's first byte (`s` of `sk-`) is everywhere, an
+/// uppercase letter or a digit of it rarely is.
+fn anchor(needle: &[u8]) -> usize {
+    let mut best = (u8::MAX, 0);
+    for (at, b) in needle.iter().enumerate() {
+        let common = commonness(*b);
+        if common < best.0 {
+            best = (common, at);
+        }
+    }
+    best.1
+}
+
+/// Letters from the rarest in English to the most common.
+const LETTERS_BY_FREQUENCY: &[u8; 26] = b"zqxjkvbpygfwmucldrhsnioate";
+
+/// How common `b` is in JSON text, lower for rarer: uppercase letters,
+/// then digits and uncommon punctuation, then lowercase letters, then what
+/// every JSON object is made of.
+fn commonness(b: u8) -> u8 {
+    let rank = |letter: u8| {
+        LETTERS_BY_FREQUENCY
+            .iter()
+            .position(|l| *l == letter)
+            .map_or(26, |p| u8::try_from(p).unwrap_or(26))
+    };
+    match b {
+        b'A'..=b'Z' => rank(b.to_ascii_lowercase()),
+        b'0'..=b'9' => 40,
+        b'"' | b':' | b',' | b' ' | b'{' | b'}' | b'[' | b']' | b'_' | b'-' | b'.' | b'\n' => 120,
+        b'a'..=b'z' => 60_u8.saturating_add(rank(b)),
+        _ => 50,
+    }
+}
+
+/// [`find`], looking first for the needle's byte at `anchor`.
+fn find_anchored(haystack: &[u8], needle: &[u8], anchor: usize, from: usize) -> Option<usize> {
+    let &byte = needle.get(anchor)?;
+    let mut start = from.checked_add(anchor)?;
     while let Some(tail) = haystack.get(start..) {
-        let offset = scan::position_of(tail, first)?;
-        let at = start.saturating_add(offset);
-        let after = at.saturating_add(1);
-        if haystack.get(after..after.saturating_add(rest.len())) == Some(rest) {
+        let hit = start.saturating_add(scan::position_of(tail, byte)?);
+        let at = hit.wrapping_sub(anchor);
+        if haystack.get(at..at.saturating_add(needle.len())) == Some(needle) {
             return Some(at);
         }
-        start = after;
+        start = hit.saturating_add(1);
     }
     None
 }
@@ -129,11 +208,32 @@ mod tests {
     }
 
     #[test]
+    fn searches_start_from_the_rarest_byte() {
+        assert_eq!(anchor(b"sk-proj-abQ9z"), 10);
+        assert_eq!(anchor(b"fake-openai-key"), 2);
+        assert_eq!(anchor(b"12-ab"), 0);
+        let mut bytes = b"sk-proj-abQ9z sk-proj-abQ9 sk-proj-abQ9z".to_vec();
+        Secret::new("sk-proj-abQ9z").scrub_from(&mut bytes, 1);
+        assert_eq!(text(&bytes), "sk-proj-abQ9z sk-proj-abQ9 [redacted]");
+    }
+
+    #[test]
     fn find_agrees_with_a_plain_search_at_every_position() {
         let hay: Vec<u8> = (0..70u8)
             .map(|i| if i % 9 == 0 { 0xff } else { b'a' + i % 5 })
             .collect();
-        for needle in [&b"\xffa"[..], b"cd", b"e", b"\xff", b"zz", b"abcde"] {
+        // Anchored at their first, a middle and their last byte.
+        for needle in [
+            &b"\xffa"[..],
+            b"cd",
+            b"e",
+            b"\xff",
+            b"zz",
+            b"abcde",
+            b"cdeab",
+            b"dab",
+            b"eab\xff",
+        ] {
             for from in 0..=hay.len() + 1 {
                 let plain = hay
                     .get(from..)

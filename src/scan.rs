@@ -18,22 +18,46 @@ fn lanes_below(x: u64, n: u8) -> u64 {
     x.wrapping_sub(ONES.wrapping_mul(u64::from(n))) & !x & HIGHS
 }
 
-/// The first byte `hit` accepts: whole words through `lanes` (which flags
-/// the same bytes), the tail byte by byte.
+/// The first byte `hit` accepts: two words per step through `lanes`
+/// (which flags the same bytes), then one, then the tail byte by byte. Two
+/// words share one bounds check and one branch: in wasm, where every
+/// operator counts, the loop's bookkeeping cost as much as the test.
+#[inline(always)]
 fn first(bytes: &[u8], lanes: impl Fn(u64) -> u64, hit: impl Fn(u8) -> bool) -> Option<usize> {
-    let mut words = bytes.chunks_exact(8);
+    let word = |at: usize| {
+        bytes
+            .get(at..at.wrapping_add(8))
+            .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            .map(u64::from_le_bytes)
+    };
+    // Little-endian: the first byte is the lowest lane.
+    let lane = |flagged: u64| (flagged.trailing_zeros() / 8) as usize;
     let mut at = 0usize;
-    for word in &mut words {
-        let Ok(word) = <[u8; 8]>::try_from(word) else { break };
-        let flagged = lanes(u64::from_le_bytes(word));
-        if flagged != 0 {
-            // Little-endian: the first byte is the lowest lane.
-            return Some(at.saturating_add((flagged.trailing_zeros() / 8) as usize));
+    while let Some(pair) = bytes
+        .get(at..at.wrapping_add(16))
+        .and_then(|w| <[u8; 16]>::try_from(w).ok())
+        .map(u128::from_le_bytes)
+    {
+        // Truncation keeps the low word.
+        let (low, high) = (lanes(pair as u64), lanes((pair >> 64) as u64));
+        if low | high != 0 {
+            return Some(if low != 0 {
+                at.wrapping_add(lane(low))
+            } else {
+                at.wrapping_add(8).wrapping_add(lane(high))
+            });
         }
-        at = at.saturating_add(8);
+        at = at.wrapping_add(16);
     }
-    let offset = words.remainder().iter().position(|b| hit(*b))?;
-    Some(at.saturating_add(offset))
+    if let Some(w) = word(at) {
+        let flagged = lanes(w);
+        if flagged != 0 {
+            return Some(at.wrapping_add(lane(flagged)));
+        }
+        at = at.wrapping_add(8);
+    }
+    let offset = bytes.get(at..)?.iter().position(|b| hit(*b))?;
+    Some(at.wrapping_add(offset))
 }
 
 /// The first `byte` in `bytes`.
@@ -75,6 +99,22 @@ pub fn string_stop_from(bytes: &[u8], mut at: usize) -> usize {
         at = at.wrapping_add(1);
     }
     at
+}
+
+/// Whether `bytes` starts with `prefix`, compared a word at a time (wasm's
+/// `memcmp` from wasi-libc goes byte by byte).
+pub fn starts_with(bytes: &[u8], prefix: &[u8]) -> bool {
+    let Some(head) = bytes.get(..prefix.len()) else {
+        return false;
+    };
+    let (mut a, mut b) = (head.chunks_exact(8), prefix.chunks_exact(8));
+    let word = |w: &[u8]| <[u8; 8]>::try_from(w).map(u64::from_ne_bytes).ok();
+    for (x, y) in (&mut a).zip(&mut b) {
+        if word(x) != word(y) {
+            return false;
+        }
+    }
+    a.remainder().iter().eq(b.remainder())
 }
 
 #[cfg(test)]

@@ -77,15 +77,54 @@ impl<'a> Walk<'a> {
     /// which must take the member's value off the walk.
     pub fn object(&mut self, member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>) -> Option<&'a str> {
         let start = self.open(b'{')?;
-        let mut more = self.first_item(b'}')?;
-        while more {
+        if self.first_item(b'}')? {
+            self.members(member)?;
+        }
+        self.leave(start)
+    }
+
+    /// A walk of `text` resumed at `at`: inside its top-level object, just
+    /// past the colon of a member, where a walk of the same bytes stood in
+    /// that member's callback ([`Walk::position`]). The caller vouches
+    /// that those bytes read as it saw them; [`Walk::rest_of_object`] goes on.
+    pub fn raw_resumed(text: &'a str, at: usize) -> Self {
+        let mut c = Cursor::new(text, false);
+        c.at = at;
+        Walk { c, depth: 1 }
+    }
+
+    /// Where the walk stands: inside a member's callback, just past its colon.
+    pub fn position(&self) -> usize {
+        self.c.at
+    }
+
+    /// Finishes a resumed walk's object: `member(name, walk)` for the member
+    /// whose value is next (its name as the first walk read it), then for
+    /// each member after it, as [`Walk::object`] would have.
+    pub fn rest_of_object(
+        &mut self,
+        name: &'a str,
+        member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>,
+    ) -> Option<()> {
+        member(name, self)?;
+        if self.next_item(b'}')? {
+            self.members(member)?;
+        }
+        self.depth = self.depth.saturating_sub(1);
+        Some(())
+    }
+
+    /// An object's members from the next name through its closing brace.
+    fn members(&mut self, member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>) -> Option<()> {
+        loop {
             let (from, to) = self.c.plain_name()?;
             self.c.whitespace();
             self.c.eat(b':')?;
             member(self.c.text.get(from..to)?, self)?;
-            more = self.next_item(b'}')?;
+            if !self.next_item(b'}')? {
+                return Some(());
+            }
         }
-        self.leave(start)
     }
 
     /// The next value as an array: `element(walk)` for each element, which

@@ -25,6 +25,7 @@ use crate::providers::openai::interrupted;
 use crate::providers::{StreamItem, StreamTranslator};
 use crate::redact::{self, REDACTED};
 use crate::request::Operation;
+use crate::scan;
 use crate::split::Walk;
 use crate::sse::{DONE, SseDecoder, SseError, SseEvent, write_data};
 use crate::usage::Usage;
@@ -48,6 +49,8 @@ pub struct StreamRewriter {
     /// The provider's events are OpenAI chat chunks: after the first, most
     /// are copied member by member ([`StreamRewriter::copy_chunk`]).
     copy_chunks: bool,
+    /// What the last copied chunk held before its `choices`.
+    preamble: Preamble,
 }
 
 impl StreamRewriter {
@@ -65,6 +68,7 @@ impl StreamRewriter {
             translator,
             head: chunk_head(&stamp),
             copy_chunks,
+            preamble: Preamble::default(),
             stamp,
         }
     }
@@ -108,7 +112,7 @@ impl StreamRewriter {
     /// an error message, one delta) cannot be split across two calls.
     fn scrub(&self, out: &mut Vec<u8>, start: usize) {
         if let Some(scrubber) = &self.scrubber {
-            redact::scrub_forms_from(out, start, &scrubber.secret, scrubber.escaped.as_deref());
+            scrubber.secret.scrub_from(out, start);
         }
     }
 
@@ -267,7 +271,7 @@ impl StreamRewriter {
         if !self.role_sent {
             return false;
         }
-        let Some(chunk) = read_chunk(data) else {
+        let Some(chunk) = read_chunk(data, &mut self.preamble) else {
             return false;
         };
         if chunk.error_or_usage {
@@ -423,9 +427,7 @@ const HOLD_MIN: usize = 4;
 /// Held text goes out with the choice's finish, at `[DONE]`, or before the
 /// error event. Translation is per event, so this is chunking-invariant.
 struct Scrubber {
-    secret: String,
-    /// The secret as it looks in a JSON string, when that differs.
-    escaped: Option<String>,
+    secret: redact::Secret,
     /// Where each byte occurs in the secret.
     positions: Positions,
     /// Per choice index: the held text and the end of what went out.
@@ -435,8 +437,7 @@ struct Scrubber {
 impl Scrubber {
     fn new(secret: &str) -> Scrubber {
         Scrubber {
-            secret: secret.to_string(),
-            escaped: redact::escaped_form(secret),
+            secret: redact::Secret::new(secret),
             positions: Positions::new(secret.as_bytes()),
             choices: Vec::new(),
         }
@@ -476,7 +477,7 @@ impl Scrubber {
             joined.push_str(text);
             Cow::Owned(joined)
         };
-        if redact::find(s.as_bytes(), secret.as_bytes(), 0).is_some() {
+        if self.secret.occurs_in(s.as_bytes()) {
             s = Cow::Owned(s.replace(secret, REDACTED));
         }
         // The secret's start went out already: scrub its continuation. Only
@@ -641,20 +642,43 @@ struct ChoiceRead<'a> {
     finish_reason: Option<&'a str>,
 }
 
+/// What the last chunk read for the copy held before its `choices`: the
+/// bytes up to that member's value and the members among them. Providers
+/// repeat those members byte for byte in every chunk of a stream (id,
+/// object, created, model, ...), about two thirds of a chunk; a chunk that
+/// starts with the same bytes reads the same way up to there, so its walk
+/// resumes at `choices` instead of reading them again.
+#[derive(Default)]
+struct Preamble {
+    text: String,
+    /// Each member's name and raw value, as byte ranges of `text`.
+    members: Vec<(usize, usize, usize, usize)>,
+}
+
 /// Reads an event for the copy; `None` leaves it to the translator: not
 /// plain JSON (an escaped name, say), `choices` not an array of objects, a
 /// delta neither an object nor `null`, or a member a choice repeats.
-fn read_chunk(data: &str) -> Option<ChunkRead<'_>> {
+fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<ChunkRead<'a>> {
     let mut chunk = ChunkRead {
         members: Vec::with_capacity(8),
         choices: None,
         choices_read: Vec::new(),
         error_or_usage: false,
     };
-    let mut walk = Walk::raw(data);
-    walk.object(&mut |name, walk| {
+    let known = !preamble.text.is_empty() && scan::starts_with(data.as_bytes(), preamble.text.as_bytes());
+    if known {
+        for &(name_from, name_to, value_from, value_to) in &preamble.members {
+            chunk.note(data.get(name_from..name_to)?, data.get(value_from..value_to)?);
+        }
+    }
+    // Where the first `choices` value starts, and how many members came before it.
+    let mut choices_at = None;
+    let mut member = |name: &'a str, walk: &mut Walk<'a>| {
         let value = match name {
             "choices" => {
+                if choices_at.is_none() {
+                    choices_at = Some((walk.position(), chunk.members.len()));
+                }
                 let read = &mut chunk.choices_read;
                 read.clear();
                 let raw = walk.array(&mut |walk| {
@@ -666,12 +690,43 @@ fn read_chunk(data: &str) -> Option<ChunkRead<'_>> {
             }
             _ => walk.value()?,
         };
-        chunk.error_or_usage |= name == "error" || (name == "usage" && value != "null");
-        chunk.members.push((name, value));
+        chunk.note(name, value);
         Some(())
-    })?;
+    };
+    if known {
+        let mut walk = Walk::raw_resumed(data, preamble.text.len());
+        walk.rest_of_object("choices", &mut member)?;
+        walk.end()?;
+        return Some(chunk);
+    }
+    let mut walk = Walk::raw(data);
+    walk.object(&mut member)?;
     walk.end()?;
+    preamble.text.clear();
+    preamble.members.clear();
+    if let Some((at, count)) = choices_at {
+        preamble.text.push_str(data.get(..at)?);
+        // The walk gives slices of `data`: their offsets are where they sit.
+        let offset = |part: &str| (part.as_ptr() as usize).wrapping_sub(data.as_ptr() as usize);
+        for (name, value) in chunk.members.iter().take(count) {
+            let (name_from, value_from) = (offset(name), offset(value));
+            preamble.members.push((
+                name_from,
+                name_from.wrapping_add(name.len()),
+                value_from,
+                value_from.wrapping_add(value.len()),
+            ));
+        }
+    }
     Some(chunk)
+}
+
+impl<'a> ChunkRead<'a> {
+    /// One top-level member, read.
+    fn note(&mut self, name: &'a str, value: &'a str) {
+        self.error_or_usage |= name == "error" || (name == "usage" && value != "null");
+        self.members.push((name, value));
+    }
 }
 
 fn read_choice<'a>(walk: &mut Walk<'a>) -> Option<ChoiceRead<'a>> {
@@ -964,6 +1019,21 @@ mod tests {
         let mut input = first.clone();
         for e in odd_events {
             input.push_str(&format!("data: {head}{e}\n\n"));
+        }
+        // The members before `choices` change, then repeat: each chunk reads
+        // as a whole walk would read it, whatever the last one held.
+        let other = r#"{"id":"u","object":"chat.completion.chunk","created":2,"model":"m","#;
+        for e in [
+            r#""choices":[{"index":0,"delta":{"content":"created 2"}}]}"#,
+            r#""choices":[{"index":0,"delta":{"content":"again"}},{"index":1,"delta":null}],"x":[1,{"y":null}]}"#,
+            r#""choices" : [{"index":0,"delta":{"content":"spaced"}}]}"#,
+            r#""choices":  [{"index":0,"delta":{"content":"spaced value"}}]}"#,
+            r#""choices":[{"index":0,"delta":{"content":"usage after"}}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#,
+            r#""choices":[{"index":0,"delta":{"content":"x"}}],"choices":[{"index":0,"delta":{"content":"second wins"}}]}"#,
+            r#""choices":{"index":0},"choices":[{"index":0,"delta":{"content":"not an array first"}}]}"#,
+            r#""choices":[{"index":0,"delta":{"content":"an error after"}}],"error":{"message":"late"}}"#,
+        ] {
+            input.push_str(&format!("data: {other}{e}\n\n"));
         }
         input.push_str("data: [DONE]\n\n");
         let mut inputs: Vec<Vec<u8>> = vec![input.into_bytes()];

@@ -881,9 +881,13 @@ impl Exchange {
     /// quotes back) would otherwise hand our key to the client.
     /// The credentials of every provider this request was sent to.
     fn sent_credentials(&self) -> Vec<&str> {
-        let mut sent: Vec<usize> = self.attempts.iter().map(|(p, _)| *p).chain(self.provider).collect();
-        sent.sort_unstable();
-        sent.dedup();
+        // A handful of providers at most: no sort (its code would be kilobytes of the module).
+        let mut sent: Vec<usize> = Vec::new();
+        for p in self.attempts.iter().map(|(p, _)| *p).chain(self.provider) {
+            if !sent.contains(&p) {
+                sent.push(p);
+            }
+        }
         sent.into_iter()
             .filter_map(|p| self.config.providers.get(p)?.credential.as_deref())
             .filter(|c| c.len() >= redact::MIN_LEN)

@@ -107,6 +107,13 @@ impl<'a> Walk<'a> {
         member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>,
     ) -> Option<()> {
         member(name, self)?;
+        self.rest_after_value(member)
+    }
+
+    /// Finishes a resumed walk's object after a member's value that the
+    /// caller read itself (the walk stands just past it): `member(name,
+    /// walk)` for each member after it.
+    pub fn rest_after_value(&mut self, member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>) -> Option<()> {
         if self.next_item(b'}')? {
             self.members(member)?;
         }
@@ -337,6 +344,15 @@ impl<'a> Cursor<'a> {
             }
         }
     }
+}
+
+/// Where the JSON string token whose opening quote is at `at` ends (just
+/// past its closing quote), read as a raw walk reads it.
+pub fn string_token_end(bytes: &[u8], at: usize) -> Option<usize> {
+    if bytes.get(at) != Some(&b'"') {
+        return None;
+    }
+    string_end(bytes, at.wrapping_add(1), false)
 }
 
 /// JSON's four whitespace bytes from `at`, as serde skips them: where they end.

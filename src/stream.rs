@@ -25,10 +25,11 @@ use crate::providers::openai::interrupted;
 use crate::providers::{StreamItem, StreamTranslator};
 use crate::redact::{self, REDACTED};
 use crate::request::Operation;
-use crate::scan;
-use crate::split::Walk;
 use crate::sse::{DONE, SseDecoder, SseError, SseEvent, write_data};
 use crate::usage::Usage;
+
+mod chunk;
+use chunk::{Preamble, read_chunk};
 
 /// Rewrites one provider stream.
 pub struct StreamRewriter {
@@ -620,166 +621,6 @@ fn set_text(choice: &mut Value, had_text: bool, scrubbed: String) {
     }
 }
 
-/// What [`StreamRewriter::copy_chunk`] reads of one event, in one walk: the
-/// top-level members as they came and, of the (last) `choices` array, what
-/// each choice holds; the rest is copied.
-struct ChunkRead<'a> {
-    members: Vec<(&'a str, &'a str)>,
-    choices: Option<&'a str>,
-    choices_read: Vec<ChoiceRead<'a>>,
-    /// An `error`, or a `usage` other than `null`: the translator's event.
-    error_or_usage: bool,
-}
-
-/// One choice's members that the copy needs (`null` reads as absent, as
-/// serde reads an `Option`).
-#[derive(Default)]
-struct ChoiceRead<'a> {
-    index: Option<&'a str>,
-    /// The delta's `content` (`null` included) when the delta is an object.
-    delta: Option<Option<&'a str>>,
-    text: Option<&'a str>,
-    finish_reason: Option<&'a str>,
-}
-
-/// What the last chunk read for the copy held before its `choices`: the
-/// bytes up to that member's value and the members among them. Providers
-/// repeat those members byte for byte in every chunk of a stream (id,
-/// object, created, model, ...), about two thirds of a chunk; a chunk that
-/// starts with the same bytes reads the same way up to there, so its walk
-/// resumes at `choices` instead of reading them again.
-#[derive(Default)]
-struct Preamble {
-    text: String,
-    /// Each member's name and raw value, as byte ranges of `text`.
-    members: Vec<(usize, usize, usize, usize)>,
-}
-
-/// Reads an event for the copy; `None` leaves it to the translator: not
-/// plain JSON (an escaped name, say), `choices` not an array of objects, a
-/// delta neither an object nor `null`, or a member a choice repeats.
-fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<ChunkRead<'a>> {
-    let mut chunk = ChunkRead {
-        members: Vec::with_capacity(8),
-        choices: None,
-        choices_read: Vec::new(),
-        error_or_usage: false,
-    };
-    let known = !preamble.text.is_empty() && scan::starts_with(data.as_bytes(), preamble.text.as_bytes());
-    if known {
-        for &(name_from, name_to, value_from, value_to) in &preamble.members {
-            chunk.note(data.get(name_from..name_to)?, data.get(value_from..value_to)?);
-        }
-    }
-    // Where the first `choices` value starts, and how many members came before it.
-    let mut choices_at = None;
-    let mut member = |name: &'a str, walk: &mut Walk<'a>| {
-        let value = match name {
-            "choices" => {
-                if choices_at.is_none() {
-                    choices_at = Some((walk.position(), chunk.members.len()));
-                }
-                let read = &mut chunk.choices_read;
-                read.clear();
-                let raw = walk.array(&mut |walk| {
-                    read.push(read_choice(walk)?);
-                    Some(())
-                })?;
-                chunk.choices = Some(raw);
-                raw
-            }
-            _ => walk.value()?,
-        };
-        chunk.note(name, value);
-        Some(())
-    };
-    if known {
-        let mut walk = Walk::raw_resumed(data, preamble.text.len());
-        walk.rest_of_object("choices", &mut member)?;
-        walk.end()?;
-        return Some(chunk);
-    }
-    let mut walk = Walk::raw(data);
-    walk.object(&mut member)?;
-    walk.end()?;
-    preamble.text.clear();
-    preamble.members.clear();
-    if let Some((at, count)) = choices_at {
-        preamble.text.push_str(data.get(..at)?);
-        // The walk gives slices of `data`: their offsets are where they sit.
-        let offset = |part: &str| (part.as_ptr() as usize).wrapping_sub(data.as_ptr() as usize);
-        for (name, value) in chunk.members.iter().take(count) {
-            let (name_from, value_from) = (offset(name), offset(value));
-            preamble.members.push((
-                name_from,
-                name_from.wrapping_add(name.len()),
-                value_from,
-                value_from.wrapping_add(value.len()),
-            ));
-        }
-    }
-    Some(chunk)
-}
-
-impl<'a> ChunkRead<'a> {
-    /// One top-level member, read.
-    fn note(&mut self, name: &'a str, value: &'a str) {
-        self.error_or_usage |= name == "error" || (name == "usage" && value != "null");
-        self.members.push((name, value));
-    }
-}
-
-fn read_choice<'a>(walk: &mut Walk<'a>) -> Option<ChoiceRead<'a>> {
-    let mut choice = ChoiceRead::default();
-    let mut seen = [false; 4];
-    walk.object(&mut |name, walk| {
-        let field = match name {
-            "index" => 0,
-            "delta" => 1,
-            "text" => 2,
-            "finish_reason" => 3,
-            _ => return walk.value().map(drop),
-        };
-        // serde refuses a repeated field; so does this.
-        let first = seen.get_mut(field).map(|seen| !std::mem::replace(seen, true))?;
-        if !first {
-            return None;
-        }
-        if field == 1 {
-            choice.delta = read_delta(walk)?;
-            return Some(());
-        }
-        let raw = walk.value()?;
-        let raw = (raw != "null").then_some(raw);
-        match field {
-            0 => choice.index = raw,
-            2 => choice.text = raw,
-            _ => choice.finish_reason = raw,
-        }
-        Some(())
-    })?;
-    Some(choice)
-}
-
-/// `Some(None)` for a `null` delta, `Some(Some(content))` for an object.
-fn read_delta<'a>(walk: &mut Walk<'a>) -> Option<Option<Option<&'a str>>> {
-    if walk.peek()? == b'n' {
-        return (walk.value()? == "null").then_some(None);
-    }
-    let (mut content, mut seen) = (None, false);
-    walk.object(&mut |name, walk| {
-        let raw = walk.value()?;
-        if name == "content" {
-            if std::mem::replace(&mut seen, true) {
-                return None;
-            }
-            content = Some(raw);
-        }
-        Some(())
-    })?;
-    Some(Some(content))
-}
-
 /// A JSON string's text, borrowed unless it has escapes; `raw` is JSON
 /// already checked (by serde or a walk), so the text between the quotes of
 /// a string without a backslash is the string.
@@ -1025,6 +866,18 @@ mod tests {
         let other = r#"{"id":"u","object":"chat.completion.chunk","created":2,"model":"m","#;
         for e in [
             r#""choices":[{"index":0,"delta":{"content":"created 2"}}]}"#,
+            // One choice laid out as the last one, another string for content.
+            r#""choices":[{"index":0,"delta":{"content":"a longer one, \"escaped\" \u00e9"}}]}"#,
+            r#""choices":[{"index":0,"delta":{"content":""}}]}"#,
+            r#""choices":[{"index":0,"delta":{"content":null}}]}"#,
+            r#""choices":[{"delta":{"content":"x"},"index":3,"finish_reason":null}]}"#,
+            // Held under choice 3 by a chunk read through the template, ended
+            // by one walked whole: the index must be read the same either way.
+            r#""choices":[{"delta":{"content":"held under 3: sk-live-01"},"index":3,"finish_reason":null}]}"#,
+            r#""choices":[{"index":3,"delta":{"content":"23456789 redacted"}}]}"#,
+            r#""choices":[{"delta":{"content":"23 4"},"index":3,"finish_reason":null}]}"#,
+            r#""choices":[{"delta":{"content":"y"},"index":3,"finish_reason":"length"}]}"#,
+            r#""choices":[{"delta":{"content":"sk-live-01"},"index":3,"finish_reason":"length"}]}"#,
             r#""choices":[{"index":0,"delta":{"content":"again"}},{"index":1,"delta":null}],"x":[1,{"y":null}]}"#,
             r#""choices" : [{"index":0,"delta":{"content":"spaced"}}]}"#,
             r#""choices":  [{"index":0,"delta":{"content":"spaced value"}}]}"#,

@@ -217,7 +217,11 @@ fn conversation(messages: &[Message<'_>]) -> Result<(Vec<Value>, Vec<Value>), Ap
     for (role, blocks) in &mut turns {
         if *role == "user" {
             // The API wants a user turn's tool results before anything else.
-            blocks.sort_by_key(|b| b.get("type").and_then(Value::as_str) != Some("tool_result"));
+            let (mut results, others): (Vec<Value>, Vec<Value>) = std::mem::take(blocks)
+                .into_iter()
+                .partition(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"));
+            results.extend(others);
+            *blocks = results;
         }
     }
     // A final assistant turn is a prefill, and the API refuses one that ends
@@ -957,6 +961,23 @@ mod tests {
                 {"type": "tool_result", "tool_use_id": "toolu_m"},
                 {"type": "text", "text": "and?"}]})
         );
+        // Text between the results: the results move first, each kind in its order.
+        let got = build(json!({"model": "a/b", "messages": [
+            {"role": "user", "content": "2 and 3?"},
+            {"role": "assistant", "content": null, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "toolu_a", "content": "5"},
+            {"role": "user", "content": "first"},
+            {"role": "tool", "tool_call_id": "toolu_m", "content": "6"},
+            {"role": "user", "content": "second"},
+        ]}))
+        .unwrap();
+        let order: Vec<&str> = got["messages"][2]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["tool_use_id"].as_str().or(b["text"].as_str()).unwrap())
+            .collect();
+        assert_eq!(order, ["toolu_a", "toolu_m", "first", "second"]);
     }
 
     #[test]

@@ -548,7 +548,15 @@ pub fn translate_answer(request: &ParsedRequest, body: &[u8]) -> Result<(Value, 
             (index, chat::choice(index, said.text, said.calls, finish))
         })
         .collect();
-    choices.sort_by_key(|(index, _)| *index);
+    // Candidates are few (one, unless the request asked for more): an
+    // insertion sort keeps the module free of the standard sorts' code.
+    for i in 1..choices.len() {
+        let mut j = i;
+        while j > 0 && choices.get(j - 1).map(|c| c.0) > choices.get(j).map(|c| c.0) {
+            choices.swap(j - 1, j);
+            j -= 1;
+        }
+    }
     let choices = choices.into_iter().map(|(_, c)| c).collect();
     Ok((chat::completion(choices), usage))
 }

@@ -1,0 +1,278 @@
+//! Reading an OpenAI chat chunk for the copy ([`super::StreamRewriter`]
+//! copies a provider's chunk member by member instead of translating it).
+//!
+//! One walk reads the top-level members and, of `choices`, what each choice
+//! holds that the copy needs. Anything unusual says `None`, and the event
+//! goes to the translator, whose errors name the problem.
+//!
+//! Providers repeat most of a chunk byte for byte: the members before
+//! `choices` (id, object, created, model, ...) and, in a text delta, the
+//! choice around its content. [`Preamble`] keeps what the last chunk held
+//! there, so a chunk that starts the same way is read from where it differs.
+//! JSON is context-free: bytes that read one way after the same bytes read
+//! the same way again, and any string token can stand where another stood.
+
+use crate::scan;
+use crate::split::{Walk, string_token_end};
+
+/// What [`super::StreamRewriter::copy_chunk`] reads of one event: the
+/// top-level members as they came and, of the (last) `choices` array, what
+/// each choice holds; the rest is copied.
+pub(super) struct ChunkRead<'a> {
+    pub members: Vec<(&'a str, &'a str)>,
+    pub choices: Option<&'a str>,
+    pub choices_read: Vec<ChoiceRead<'a>>,
+    /// An `error`, or a `usage` other than `null`: the translator's event.
+    pub error_or_usage: bool,
+}
+
+/// One choice's members that the copy needs (`null` reads as absent, as
+/// serde reads an `Option`).
+#[derive(Default)]
+pub(super) struct ChoiceRead<'a> {
+    pub index: Option<&'a str>,
+    /// The delta's `content` (`null` included) when the delta is an object.
+    pub delta: Option<Option<&'a str>>,
+    pub text: Option<&'a str>,
+    pub finish_reason: Option<&'a str>,
+}
+
+/// What the last chunk read held before its `choices`: the bytes up to that
+/// member's value and the members among them, and how its one choice was
+/// laid out around the delta's content.
+#[derive(Default)]
+pub(super) struct Preamble {
+    text: String,
+    /// Each member's name and raw value, as byte ranges of `text`.
+    members: Vec<(usize, usize, usize, usize)>,
+    choice: Option<ChoiceTemplate>,
+}
+
+/// A `choices` array of one choice whose delta's content is a string: its
+/// bytes before that string and after it, and where the choice's other
+/// members sat.
+struct ChoiceTemplate {
+    before: String,
+    after: String,
+    /// Ranges in the array's text; one at or past `before.len()` lies in `after`.
+    index: Option<(usize, usize)>,
+    finish_reason: Option<(usize, usize)>,
+    /// The length of the content string it was made from.
+    content_len: usize,
+}
+
+/// Reads an event for the copy; `None` leaves it to the translator: not
+/// plain JSON (an escaped name, say), `choices` not an array of objects, a
+/// delta neither an object nor `null`, or a member a choice repeats.
+/// `preamble` is what the last event read held, and becomes this one's.
+pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<ChunkRead<'a>> {
+    let mut chunk = ChunkRead {
+        members: Vec::with_capacity(8),
+        choices: None,
+        choices_read: Vec::new(),
+        error_or_usage: false,
+    };
+    let known = !preamble.text.is_empty() && scan::starts_with(data.as_bytes(), preamble.text.as_bytes());
+    // Where the walk resumes, and whether `choices` was read already.
+    let mut resume = None;
+    if known {
+        for &(name_from, name_to, value_from, value_to) in &preamble.members {
+            chunk.note(data.get(name_from..name_to)?, data.get(value_from..value_to)?);
+        }
+        let at = preamble.text.len();
+        resume = Some((at, false));
+        if let Some((raw, choice)) = preamble.choice.as_ref().and_then(|t| t.read(data, at)) {
+            chunk.choices = Some(raw);
+            chunk.choices_read.push(choice);
+            chunk.note("choices", raw);
+            resume = Some((at.wrapping_add(raw.len()), true));
+        }
+    }
+    // Where the first `choices` value starts, and how many members came before it.
+    let mut choices_at = None;
+    let mut member = |name: &'a str, walk: &mut Walk<'a>| {
+        let value = match name {
+            "choices" => {
+                if choices_at.is_none() {
+                    choices_at = Some((walk.position(), chunk.members.len()));
+                }
+                let read = &mut chunk.choices_read;
+                read.clear();
+                let raw = walk.array(&mut |walk| {
+                    read.push(read_choice(walk)?);
+                    Some(())
+                })?;
+                chunk.choices = Some(raw);
+                raw
+            }
+            _ => walk.value()?,
+        };
+        chunk.note(name, value);
+        Some(())
+    };
+    match resume {
+        Some((at, templated)) => {
+            let mut walk = Walk::raw_resumed(data, at);
+            if templated {
+                walk.rest_after_value(&mut member)?;
+            } else {
+                walk.rest_of_object("choices", &mut member)?;
+            }
+            walk.end()?;
+            if !templated {
+                preamble.choice = ChoiceTemplate::of(data, at, &chunk);
+            }
+        }
+        None => {
+            let mut walk = Walk::raw(data);
+            walk.object(&mut member)?;
+            walk.end()?;
+            preamble.remember(data, choices_at, &chunk);
+        }
+    }
+    Some(chunk)
+}
+
+impl<'a> ChunkRead<'a> {
+    /// One top-level member, read.
+    fn note(&mut self, name: &'a str, value: &'a str) {
+        self.error_or_usage |= name == "error" || (name == "usage" && value != "null");
+        self.members.push((name, value));
+    }
+}
+
+/// Where `part`, a slice of `text`, starts in it.
+fn offset(text: &str, part: &str) -> usize {
+    (part.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize)
+}
+
+impl Preamble {
+    /// `data` was read whole: keeps its members before the first `choices`
+    /// (`choices_at`: where its value starts, and how many came before).
+    fn remember(&mut self, data: &str, choices_at: Option<(usize, usize)>, chunk: &ChunkRead<'_>) {
+        self.text.clear();
+        self.members.clear();
+        self.choice = None;
+        let Some((at, count)) = choices_at else { return };
+        let Some(head) = data.get(..at) else { return };
+        self.text.push_str(head);
+        for (name, value) in chunk.members.iter().take(count) {
+            let (name_from, value_from) = (offset(data, name), offset(data, value));
+            self.members.push((
+                name_from,
+                name_from.wrapping_add(name.len()),
+                value_from,
+                value_from.wrapping_add(value.len()),
+            ));
+        }
+        self.choice = ChoiceTemplate::of(data, at, chunk);
+    }
+}
+
+impl ChoiceTemplate {
+    /// The template of `chunk`'s choices when they are one choice with a
+    /// string content, the array starting at `at` (the first `choices`,
+    /// with no space before its value).
+    fn of(data: &str, at: usize, chunk: &ChunkRead<'_>) -> Option<ChoiceTemplate> {
+        let raw = chunk.choices?;
+        let [choice] = chunk.choices_read.as_slice() else {
+            return None;
+        };
+        let content = choice.delta.flatten().filter(|c| c.starts_with('"'))?;
+        if offset(data, raw) != at || choice.text.is_some() {
+            return None;
+        }
+        let hole = offset(raw, content);
+        let span = |part: Option<&str>| part.map(|p| (offset(raw, p), offset(raw, p).wrapping_add(p.len())));
+        Some(ChoiceTemplate {
+            before: raw.get(..hole)?.to_string(),
+            after: raw.get(hole.wrapping_add(content.len())..)?.to_string(),
+            index: span(choice.index),
+            finish_reason: span(choice.finish_reason),
+            content_len: content.len(),
+        })
+    }
+
+    /// The `choices` array at `at` in `data` when it is laid out as this
+    /// template with another string for content, and its one choice.
+    fn read<'a>(&self, data: &'a str, at: usize) -> Option<(&'a str, ChoiceRead<'a>)> {
+        let bytes = data.as_bytes();
+        if !scan::starts_with(bytes.get(at..)?, self.before.as_bytes()) {
+            return None;
+        }
+        let hole = at.wrapping_add(self.before.len());
+        let hole_end = string_token_end(bytes, hole)?;
+        if !scan::starts_with(bytes.get(hole_end..)?, self.after.as_bytes()) {
+            return None;
+        }
+        let raw = data.get(at..hole_end.wrapping_add(self.after.len()))?;
+        let content_len = hole_end.wrapping_sub(hole);
+        // A range in `after` moves with the content's length.
+        let place = |span: Option<(usize, usize)>| -> Option<Option<&'a str>> {
+            let Some((from, to)) = span else { return Some(None) };
+            if from < self.before.len() {
+                return raw.get(from..to).map(Some);
+            }
+            let shift = |o: usize| o.wrapping_sub(self.content_len).wrapping_add(content_len);
+            raw.get(shift(from)..shift(to)).map(Some)
+        };
+        let choice = ChoiceRead {
+            index: place(self.index)?,
+            delta: Some(Some(data.get(hole..hole_end)?)),
+            text: None,
+            finish_reason: place(self.finish_reason)?,
+        };
+        Some((raw, choice))
+    }
+}
+
+pub(super) fn read_choice<'a>(walk: &mut Walk<'a>) -> Option<ChoiceRead<'a>> {
+    let mut choice = ChoiceRead::default();
+    let mut seen = [false; 4];
+    walk.object(&mut |name, walk| {
+        let field = match name {
+            "index" => 0,
+            "delta" => 1,
+            "text" => 2,
+            "finish_reason" => 3,
+            _ => return walk.value().map(drop),
+        };
+        // serde refuses a repeated field; so does this.
+        let first = seen.get_mut(field).map(|seen| !std::mem::replace(seen, true))?;
+        if !first {
+            return None;
+        }
+        if field == 1 {
+            choice.delta = read_delta(walk)?;
+            return Some(());
+        }
+        let raw = walk.value()?;
+        let raw = (raw != "null").then_some(raw);
+        match field {
+            0 => choice.index = raw,
+            2 => choice.text = raw,
+            _ => choice.finish_reason = raw,
+        }
+        Some(())
+    })?;
+    Some(choice)
+}
+
+/// `Some(None)` for a `null` delta, `Some(Some(content))` for an object.
+fn read_delta<'a>(walk: &mut Walk<'a>) -> Option<Option<Option<&'a str>>> {
+    if walk.peek()? == b'n' {
+        return (walk.value()? == "null").then_some(None);
+    }
+    let (mut content, mut seen) = (None, false);
+    walk.object(&mut |name, walk| {
+        let raw = walk.value()?;
+        if name == "content" {
+            if std::mem::replace(&mut seen, true) {
+                return None;
+            }
+            content = Some(raw);
+        }
+        Some(())
+    })?;
+    Some(Some(content))
+}

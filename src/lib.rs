@@ -18,8 +18,9 @@
 //! 5. The access log line comes from [`exchange::Exchange::access_log`].
 //!
 //! [`config`] parses the plugin configuration once per VM; [`memory`] is the
-//! VM's allocator (installed by the shell); [`members`] and [`scan`] serve
-//! the hot paths (targeted JSON rewrites, eight-bytes-at-a-time searches).
+//! VM's allocator (installed by the shell); [`members`], [`split`], [`layout`]
+//! and [`scan`] serve the hot paths (targeted JSON rewrites, one-pass reads,
+//! stream events recognised by their layout, word-at-a-time searches).
 
 pub mod answer;
 pub mod auth;
@@ -28,6 +29,7 @@ pub mod errors;
 pub mod exchange;
 pub mod glob;
 pub mod ids;
+pub mod layout;
 pub mod limits;
 pub mod members;
 pub mod memory;

@@ -26,9 +26,10 @@ use super::openai::interrupted;
 use super::{ErrorDetails, StreamItem, StreamTranslator, UpstreamRequest};
 use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
+use crate::layout::{Layout, offset_in, only_whitespace_from};
 use crate::request::{ParsedRequest, bad_value};
 use crate::sse::SseEvent;
-use crate::stream::{json_str, present};
+use crate::stream::{json_str, json_text, present};
 use crate::usage::Usage;
 
 /// The API version this module speaks.
@@ -458,6 +459,21 @@ impl<'a> Event<'a> {
     }
 }
 
+/// The layout of a text delta's event around its text, for the next.
+fn text_layout(data: &str, event: &Event<'_>) -> Option<(Layout, u64)> {
+    let Event::ContentBlockDelta {
+        index,
+        delta: Delta::Text(_, token),
+    } = event
+    else {
+        return None;
+    };
+    let start = offset_in(data, token)?;
+    let end = data.trim_end_matches([' ', '\n', '\t', '\r']).len();
+    let layout = Layout::around(data, 0, start, start.wrapping_add(token.len()), end)?;
+    Some((layout, *index))
+}
+
 #[derive(Debug, Deserialize)]
 struct StartMessage {
     usage: Option<WireUsage>,
@@ -465,7 +481,8 @@ struct StartMessage {
 
 #[derive(Debug)]
 enum Delta<'a> {
-    Text(Cow<'a, str>),
+    /// The text, and its string token as it came.
+    Text(Cow<'a, str>, &'a str),
     InputJson(Cow<'a, str>),
     /// `thinking_delta`, `signature_delta`, `citations_delta`, ...
     Other,
@@ -485,7 +502,10 @@ impl<'a> Delta<'a> {
     fn parse(raw: &'a RawValue) -> Option<Delta<'a>> {
         let delta: RawDelta<'a> = serde_json::from_str(raw.get()).ok()?;
         Some(match delta.kind.as_ref() {
-            "text_delta" => Delta::Text(json_str(delta.text?)?),
+            "text_delta" => {
+                let token = delta.text?;
+                Delta::Text(json_str(token)?, token.get())
+            }
             "input_json_delta" => Delta::InputJson(json_str(delta.partial_json?)?),
             _ => Delta::Other,
         })
@@ -581,6 +601,8 @@ pub struct AnthropicStream {
     usage: Usage,
     /// In `Json` mode, the text so far: checked once the answer stops.
     text: String,
+    /// The layout of the last text delta read whole, and its block index.
+    last_text: Option<(Layout, u64)>,
 }
 
 impl AnthropicStream {
@@ -592,7 +614,23 @@ impl AnthropicStream {
             schema_block: None,
             usage: Usage::default(),
             text: String::new(),
+            last_text: None,
         }
+    }
+
+    /// A text delta laid out as the last one read whole (most events of a
+    /// stream): read from its layout, with no parse. `None`: parse it.
+    fn text_like_last<'a>(&self, data: &'a str) -> Option<Event<'a>> {
+        let (layout, index) = self.last_text.as_ref()?;
+        let found = layout.read(data, 0)?;
+        if !only_whitespace_from(data.as_bytes(), found.after_end) {
+            return None;
+        }
+        let token = data.get(found.start..found.end)?;
+        Some(Event::ContentBlockDelta {
+            index: *index,
+            delta: Delta::Text(json_text(token)?, token),
+        })
     }
 
     fn content(&mut self, text: &str, items: &mut Vec<StreamItem>) {
@@ -628,7 +666,7 @@ impl AnthropicStream {
     fn block_delta(&mut self, index: u64, delta: Delta, items: &mut Vec<StreamItem>) {
         match delta {
             // Text around the forced schema tool is not the answer.
-            Delta::Text(text) if self.mode != Mode::SchemaTool => self.content(&text, items),
+            Delta::Text(text, _) if self.mode != Mode::SchemaTool => self.content(&text, items),
             Delta::InputJson(partial_json) if self.schema_block == Some(index) => {
                 if !partial_json.is_empty() {
                     items.push(StreamItem::Chunk(chat::chunk(
@@ -686,7 +724,16 @@ impl AnthropicStream {
 
 impl StreamTranslator for AnthropicStream {
     fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
-        let event = match Event::parse(&event.data) {
+        let data = event.data.as_str();
+        let parsed = match self.text_like_last(data) {
+            Some(event) => Some(event),
+            None => {
+                let parsed = Event::parse(data);
+                self.last_text = parsed.as_ref().and_then(|event| text_layout(data, event));
+                parsed
+            }
+        };
+        let event = match parsed {
             Some(event) => event,
             None => {
                 items.push(StreamItem::Error(interrupted(
@@ -1374,6 +1421,84 @@ mod tests {
         let events = stream(&hi(), input.as_bytes(), false);
         let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
         assert_eq!(last["error"]["message"], "The provider reported an error.");
+    }
+
+    /// Every event's items, from a stream that reads text deltas by their
+    /// layout and from one made to parse every event.
+    fn items_both_ways(body: &Value, data: &[&str]) -> (Vec<Vec<StreamItem>>, Vec<Vec<StreamItem>>) {
+        let req = chat(body.clone());
+        let (mut by_layout, mut parsed) = (AnthropicStream::new(&req), AnthropicStream::new(&req));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for d in data {
+            let event = SseEvent { data: d.to_string() };
+            let (mut x, mut y) = (Vec::new(), Vec::new());
+            by_layout.on_event(&event, &mut x);
+            parsed.last_text = None;
+            parsed.on_event(&event, &mut y);
+            a.push(x);
+            b.push(y);
+        }
+        (a, b)
+    }
+
+    #[test]
+    fn text_deltas_read_by_their_layout_are_the_deltas_parsed() {
+        let mut data: Vec<String> = Vec::new();
+        for fixture in [
+            include_str!("../../tests/fixtures/anthropic/message_stream.sse"),
+            include_str!("../../tests/fixtures/anthropic/message_stream_tool_use.sse"),
+            include_str!("../../tests/fixtures/anthropic/message_stream_parallel_tool_use.sse"),
+        ] {
+            data.extend(
+                fixture
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .map(str::to_string),
+            );
+        }
+        let delta = |index: u32, text: &str, tail: &str| {
+            format!(
+                r#"{{"type":"content_block_delta","index":{index},"delta":{{"type":"text_delta","text":{text}{tail}"#
+            )
+        };
+        for (text, tail) in [
+            (r#""one""#, "}}"),
+            (r#""two, \"escaped\" \u00e9 \ud83d\ude00""#, "}   }"),
+            (r#""trailing""#, "}} x"),
+            (r#""unclosed""#, "}"),
+            (r#""three""#, "}}"),
+            (r#""""#, "}\n}\t"),
+            (r#""lone \udc00""#, "}}"),
+            (r#""bad \q""#, "}}"),
+            ("null", "}}"),
+            (r#""extra member after""#, r#"},"x":1}"#),
+            (r#""after the odd ones""#, "}}"),
+        ] {
+            data.push(delta(0, text, tail));
+        }
+        data.push(delta(1, r#""another block""#, "}}"));
+        data.push(delta(1, r#""same block""#, "}}"));
+        data.push(
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"dup","text":"x"}}"#.into(),
+        );
+        data.push(
+            r#"{"type":"content_block_delta","index":1,"delta":{"text":"type last","type":"text_delta"}}"#.into(),
+        );
+        data.push(
+            r#"{"type":"content_block_delta","index":1,"delta":{"text":"type last again","type":"text_delta"}}"#.into(),
+        );
+        let data: Vec<&str> = data.iter().map(String::as_str).collect();
+        let json_mode = json!({"model": "claude/x", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object"}});
+        for body in [hi(), json_mode] {
+            let (by_layout, parsed) = items_both_ways(&body, &data);
+            assert_eq!(by_layout, parsed);
+            let texts = by_layout
+                .iter()
+                .flatten()
+                .filter(|i| matches!(i, StreamItem::Content { .. }));
+            assert!(texts.count() > 20);
+        }
     }
 
     #[test]

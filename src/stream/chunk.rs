@@ -12,8 +12,9 @@
 //! JSON is context-free: bytes that read one way after the same bytes read
 //! the same way again, and any string token can stand where another stood.
 
+use crate::layout::{Layout, offset_in};
 use crate::scan;
-use crate::split::{Walk, string_token_end};
+use crate::split::Walk;
 
 /// What [`super::StreamRewriter::copy_chunk`] reads of one event: the
 /// top-level members as they came and, of the (last) `choices` array, what
@@ -49,12 +50,10 @@ pub(super) struct Preamble {
 }
 
 /// A `choices` array of one choice whose delta's content is a string: its
-/// bytes before that string and after it, and where the choice's other
-/// members sat.
+/// layout around that string, and where the choice's other members sat.
 struct ChoiceTemplate {
-    before: String,
-    after: String,
-    /// Ranges in the array's text; one at or past `before.len()` lies in `after`.
+    layout: Layout,
+    /// Ranges in the array's text; one at or past the string lies after it.
     index: Option<(usize, usize)>,
     finish_reason: Option<(usize, usize)>,
     /// The length of the content string it was made from.
@@ -141,11 +140,6 @@ impl<'a> ChunkRead<'a> {
     }
 }
 
-/// Where `part`, a slice of `text`, starts in it.
-fn offset(text: &str, part: &str) -> usize {
-    (part.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize)
-}
-
 impl Preamble {
     /// `data` was read whole: keeps its members before the first `choices`
     /// (`choices_at`: where its value starts, and how many came before).
@@ -157,7 +151,11 @@ impl Preamble {
         let Some(head) = data.get(..at) else { return };
         self.text.push_str(head);
         for (name, value) in chunk.members.iter().take(count) {
-            let (name_from, value_from) = (offset(data, name), offset(data, value));
+            let (Some(name_from), Some(value_from)) = (offset_in(data, name), offset_in(data, value)) else {
+                self.text.clear();
+                self.members.clear();
+                return;
+            };
             self.members.push((
                 name_from,
                 name_from.wrapping_add(name.len()),
@@ -179,16 +177,19 @@ impl ChoiceTemplate {
             return None;
         };
         let content = choice.delta.flatten().filter(|c| c.starts_with('"'))?;
-        if offset(data, raw) != at || choice.text.is_some() {
+        if offset_in(data, raw)? != at || choice.text.is_some() {
             return None;
         }
-        let hole = offset(raw, content);
-        let span = |part: Option<&str>| part.map(|p| (offset(raw, p), offset(raw, p).wrapping_add(p.len())));
+        let hole = offset_in(raw, content)?;
+        let span = |part: Option<&str>| -> Option<Option<(usize, usize)>> {
+            let Some(part) = part else { return Some(None) };
+            let from = offset_in(raw, part)?;
+            Some(Some((from, from.wrapping_add(part.len()))))
+        };
         Some(ChoiceTemplate {
-            before: raw.get(..hole)?.to_string(),
-            after: raw.get(hole.wrapping_add(content.len())..)?.to_string(),
-            index: span(choice.index),
-            finish_reason: span(choice.finish_reason),
+            layout: Layout::around(raw, 0, hole, hole.wrapping_add(content.len()), raw.len())?,
+            index: span(choice.index)?,
+            finish_reason: span(choice.finish_reason)?,
             content_len: content.len(),
         })
     }
@@ -196,29 +197,22 @@ impl ChoiceTemplate {
     /// The `choices` array at `at` in `data` when it is laid out as this
     /// template with another string for content, and its one choice.
     fn read<'a>(&self, data: &'a str, at: usize) -> Option<(&'a str, ChoiceRead<'a>)> {
-        let bytes = data.as_bytes();
-        if !scan::starts_with(bytes.get(at..)?, self.before.as_bytes()) {
-            return None;
-        }
-        let hole = at.wrapping_add(self.before.len());
-        let hole_end = string_token_end(bytes, hole)?;
-        if !scan::starts_with(bytes.get(hole_end..)?, self.after.as_bytes()) {
-            return None;
-        }
-        let raw = data.get(at..hole_end.wrapping_add(self.after.len()))?;
-        let content_len = hole_end.wrapping_sub(hole);
-        // A range in `after` moves with the content's length.
+        let found = self.layout.read(data, at)?;
+        let raw = data.get(at..found.after_end)?;
+        let content_len = found.end.wrapping_sub(found.start);
+        let before = self.layout.before_len();
         let place = |span: Option<(usize, usize)>| -> Option<Option<&'a str>> {
             let Some((from, to)) = span else { return Some(None) };
-            if from < self.before.len() {
+            if from < before {
                 return raw.get(from..to).map(Some);
             }
+            // After the content: moved by the difference in its length.
             let shift = |o: usize| o.wrapping_sub(self.content_len).wrapping_add(content_len);
             raw.get(shift(from)..shift(to)).map(Some)
         };
         let choice = ChoiceRead {
             index: place(self.index)?,
-            delta: Some(Some(data.get(hole..hole_end)?)),
+            delta: Some(Some(data.get(found.start..found.end)?)),
             text: None,
             finish_reason: place(self.finish_reason)?,
         };

@@ -16,6 +16,7 @@ use waygate::answer::Stamp;
 use waygate::config::{Api, Config, Provider};
 use waygate::errors::ApiError;
 use waygate::limits::{SharedStore, StoreError};
+use waygate::providers::anthropic::AnthropicStream;
 use waygate::providers::{self, StreamTranslator};
 use waygate::request::{self, Operation, ParsedRequest};
 use waygate::stream::StreamRewriter;
@@ -230,6 +231,22 @@ pub fn check_stream_target(api: Api, data: &[u8]) {
                 "copied and translated chunks differ"
             );
         }
+    }
+    if api == Api::Anthropic {
+        // Text deltas read by their layout agree with every event parsed.
+        let translator = AnthropicStream::new(&request).parsing_every_event();
+        let mut reference = StreamRewriter::new(Box::new(translator), stamp(request.op), request.include_usage);
+        if redact {
+            reference = reference.redacting(STREAM_SECRET);
+        }
+        let mut out = Vec::new();
+        reference.push(payload, &mut out);
+        reference.finish(&mut out);
+        assert_eq!(
+            String::from_utf8_lossy(&whole),
+            String::from_utf8_lossy(&out),
+            "text deltas read by their layout and parsed differ"
+        );
     }
     // Text deltas written without a DOM are byte for byte what their DOM gives.
     let mut reference = StreamRewriter::new(

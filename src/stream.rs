@@ -361,16 +361,11 @@ impl StreamRewriter {
             }
             None => out.extend_from_slice(choices.as_bytes()),
         }
-        // Provider extras, as they came.
-        for (name, value) in &chunk.members {
-            if !matches!(*name, "id" | "object" | "created" | "model" | "usage" | "choices") {
-                // The walk reads only names without escapes: copied as they are.
-                out.extend_from_slice(b",\"");
-                out.extend_from_slice(name.as_bytes());
-                out.extend_from_slice(b"\":");
-                out.extend_from_slice(value.as_bytes());
-            }
+        // Provider extras, as they came: those before `choices` written once per preamble.
+        if chunk.after_preamble {
+            out.extend_from_slice(self.preamble.extras());
         }
+        chunk::write_extras(&chunk.members, out);
         out.extend_from_slice(b"}\n\n");
         true
     }

@@ -20,7 +20,10 @@ use crate::split::Walk;
 /// top-level members as they came and, of the (last) `choices` array, what
 /// each choice holds; the rest is copied.
 pub(super) struct ChunkRead<'a> {
+    /// The members read, in order; after its preamble, only those after it.
     pub members: Vec<(&'a str, &'a str)>,
+    /// The chunk starts with the last one's preamble (whose extras it has).
+    pub after_preamble: bool,
     pub choices: Option<&'a str>,
     pub choices_read: Vec<ChoiceRead<'a>>,
     /// An `error`, or a `usage` other than `null`: the translator's event.
@@ -39,13 +42,16 @@ pub(super) struct ChoiceRead<'a> {
 }
 
 /// What the last chunk read held before its `choices`: the bytes up to that
-/// member's value and the members among them, and how its one choice was
-/// laid out around the delta's content.
+/// member's value, what the copy takes from the members among them, and how
+/// its one choice was laid out around the delta's content.
 #[derive(Default)]
 pub(super) struct Preamble {
     text: String,
-    /// Each member's name and raw value, as byte ranges of `text`.
-    members: Vec<(usize, usize, usize, usize)>,
+    /// Its members other than those the copy writes itself, as the copy
+    /// writes them ([`write_extras`]).
+    extras: Vec<u8>,
+    /// It holds an `error` or a `usage` other than `null`.
+    error_or_usage: bool,
     choice: Option<ChoiceTemplate>,
 }
 
@@ -67,6 +73,7 @@ struct ChoiceTemplate {
 pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<ChunkRead<'a>> {
     let mut chunk = ChunkRead {
         members: Vec::with_capacity(8),
+        after_preamble: false,
         choices: None,
         choices_read: Vec::new(),
         error_or_usage: false,
@@ -75,9 +82,8 @@ pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<C
     // Where the walk resumes, and whether `choices` was read already.
     let mut resume = None;
     if known {
-        for &(name_from, name_to, value_from, value_to) in &preamble.members {
-            chunk.note(data.get(name_from..name_to)?, data.get(value_from..value_to)?);
-        }
+        chunk.after_preamble = true;
+        chunk.error_or_usage = preamble.error_or_usage;
         let at = preamble.text.len();
         resume = Some((at, false));
         if let Some((raw, choice)) = preamble.choice.as_ref().and_then(|t| t.read(data, at)) {
@@ -135,36 +141,51 @@ pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<C
 impl<'a> ChunkRead<'a> {
     /// One top-level member, read.
     fn note(&mut self, name: &'a str, value: &'a str) {
-        self.error_or_usage |= name == "error" || (name == "usage" && value != "null");
+        self.error_or_usage |= is_error_or_usage(name, value);
         self.members.push((name, value));
     }
 }
 
 impl Preamble {
+    /// The extras of the members it holds, written.
+    pub fn extras(&self) -> &[u8] {
+        &self.extras
+    }
+
     /// `data` was read whole: keeps its members before the first `choices`
     /// (`choices_at`: where its value starts, and how many came before).
     fn remember(&mut self, data: &str, choices_at: Option<(usize, usize)>, chunk: &ChunkRead<'_>) {
         self.text.clear();
-        self.members.clear();
+        self.extras.clear();
         self.choice = None;
         let Some((at, count)) = choices_at else { return };
-        let Some(head) = data.get(..at) else { return };
+        let (Some(head), Some(members)) = (data.get(..at), chunk.members.get(..count)) else {
+            return;
+        };
         self.text.push_str(head);
-        for (name, value) in chunk.members.iter().take(count) {
-            let (Some(name_from), Some(value_from)) = (offset_in(data, name), offset_in(data, value)) else {
-                self.text.clear();
-                self.members.clear();
-                return;
-            };
-            self.members.push((
-                name_from,
-                name_from.wrapping_add(name.len()),
-                value_from,
-                value_from.wrapping_add(value.len()),
-            ));
-        }
+        write_extras(members, &mut self.extras);
+        self.error_or_usage = members.iter().any(|(name, value)| is_error_or_usage(name, value));
         self.choice = ChoiceTemplate::of(data, at, chunk);
     }
+}
+
+/// Members other than those the copy writes itself (the stream's id,
+/// object, created and model, `usage`, `choices`), as they came.
+pub(super) fn write_extras(members: &[(&str, &str)], out: &mut Vec<u8>) {
+    for (name, value) in members {
+        if !matches!(*name, "id" | "object" | "created" | "model" | "usage" | "choices") {
+            // The walk reads only names without escapes: copied as they are.
+            out.extend_from_slice(b",\"");
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b"\":");
+            out.extend_from_slice(value.as_bytes());
+        }
+    }
+}
+
+/// An `error`, or a `usage` other than `null`: the translator's event.
+fn is_error_or_usage(name: &str, value: &str) -> bool {
+    name == "error" || (name == "usage" && value != "null")
 }
 
 impl ChoiceTemplate {

@@ -560,13 +560,14 @@ impl Exchange {
     /// provider this request was sent to, with it scrubbed: the name and the
     /// value to set in place of every value of that name (joined with `, `).
     pub fn scrub_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, pairs: &[(K, V)]) -> Vec<Header> {
-        let secrets = self.sent_credentials();
+        let secrets: Vec<redact::Needle<'_>> = self
+            .sent_credentials()
+            .iter()
+            .map(|s| redact::Needle::new(s.as_bytes()))
+            .collect();
         let mut scrubbed: Vec<Header> = Vec::new();
         for (name, value) in pairs {
-            if !secrets
-                .iter()
-                .any(|s| redact::find(value.as_ref(), s.as_bytes(), 0).is_some())
-            {
+            if !secrets.iter().any(|s| s.find(value.as_ref(), 0).is_some()) {
                 continue;
             }
             let Ok(name) = std::str::from_utf8(name.as_ref()) else {
@@ -1115,15 +1116,13 @@ fn key_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)], authorization: 
     if token.len() < redact::MIN_LEN {
         return Vec::new();
     }
+    let token = redact::Needle::new(token);
     let mut names: Vec<String> = Vec::new();
     for (name, value) in pairs {
         let Ok(name) = std::str::from_utf8(name.as_ref()) else {
             continue;
         };
-        if name != "authorization"
-            && redact::find(value.as_ref(), token, 0).is_some()
-            && !names.iter().any(|n| n == name)
-        {
+        if name != "authorization" && token.find(value.as_ref(), 0).is_some() && !names.iter().any(|n| n == name) {
             names.push(name.to_string());
         }
     }

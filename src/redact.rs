@@ -109,9 +109,31 @@ fn replace_all(bytes: &mut Vec<u8>, start: usize, needle: &[u8], anchor: usize) 
 }
 
 /// The first `needle` in `haystack` at or after `from` (never for an empty
-/// needle).
+/// needle). To search for one needle many times, make it a [`Needle`].
 pub fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    find_anchored(haystack, needle, anchor(needle), from)
+    Needle::new(needle).find(haystack, from)
+}
+
+/// Bytes to search for, with the byte the search looks for first, chosen
+/// once (it costs a pass over the needle).
+#[derive(Clone, Copy)]
+pub struct Needle<'n> {
+    bytes: &'n [u8],
+    anchor: usize,
+}
+
+impl<'n> Needle<'n> {
+    pub fn new(bytes: &'n [u8]) -> Self {
+        Needle {
+            bytes,
+            anchor: anchor(bytes),
+        }
+    }
+
+    /// The first occurrence in `haystack` at or after `from`.
+    pub fn find(&self, haystack: &[u8], from: usize) -> Option<usize> {
+        find_anchored(haystack, self.bytes, self.anchor, from)
+    }
 }
 
 /// Where in `needle` a search starts: its byte least common in the JSON
@@ -121,7 +143,7 @@ pub fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
 fn anchor(needle: &[u8]) -> usize {
     let mut best = (u8::MAX, 0);
     for (at, b) in needle.iter().enumerate() {
-        let common = commonness(*b);
+        let common = COMMONNESS.get(usize::from(*b)).copied().unwrap_or(u8::MAX);
         if common < best.0 {
             best = (common, at);
         }
@@ -132,24 +154,33 @@ fn anchor(needle: &[u8]) -> usize {
 /// Letters from the rarest in English to the most common.
 const LETTERS_BY_FREQUENCY: &[u8; 26] = b"zqxjkvbpygfwmucldrhsnioate";
 
-/// How common `b` is in JSON text, lower for rarer: uppercase letters,
-/// then digits and uncommon punctuation, then lowercase letters, then what
-/// every JSON object is made of.
-fn commonness(b: u8) -> u8 {
-    let rank = |letter: u8| {
-        LETTERS_BY_FREQUENCY
-            .iter()
-            .position(|l| *l == letter)
-            .map_or(26, |p| u8::try_from(p).unwrap_or(26))
-    };
-    match b {
-        b'A'..=b'Z' => rank(b.to_ascii_lowercase()),
-        b'0'..=b'9' => 40,
-        b'"' | b':' | b',' | b' ' | b'{' | b'}' | b'[' | b']' | b'_' | b'-' | b'.' | b'\n' => 120,
-        b'a'..=b'z' => 60_u8.saturating_add(rank(b)),
-        _ => 50,
+/// How common each byte is in JSON text, lower for rarer: uppercase
+/// letters, then digits and uncommon punctuation, then lowercase letters,
+/// then what every JSON object is made of.
+// Evaluated at compile time: an index out of range fails the build, never the filter.
+#[allow(clippy::indexing_slicing)]
+const COMMONNESS: [u8; 256] = {
+    let mut table = [50u8; 256];
+    let mut b = b'0';
+    while b <= b'9' {
+        table[b as usize] = 40;
+        b += 1;
     }
-}
+    let mut rank = 0;
+    while rank < 26 {
+        let letter = LETTERS_BY_FREQUENCY[rank];
+        table[letter.to_ascii_uppercase() as usize] = rank as u8;
+        table[letter as usize] = 60 + rank as u8;
+        rank += 1;
+    }
+    let common = b"\":,{}[]_-. \n";
+    let mut i = 0;
+    while i < common.len() {
+        table[common[i] as usize] = 120;
+        i += 1;
+    }
+    table
+};
 
 /// [`find`], looking first for the needle's byte at `anchor`.
 fn find_anchored(haystack: &[u8], needle: &[u8], anchor: usize, from: usize) -> Option<usize> {

@@ -216,11 +216,12 @@ fn conversation(messages: &[Message<'_>]) -> Result<(Vec<Value>, Vec<Value>), Ap
         }
     }
     for (role, blocks) in &mut turns {
-        if *role == "user" {
-            // The API wants a user turn's tool results before anything else.
-            let (mut results, others): (Vec<Value>, Vec<Value>) = std::mem::take(blocks)
-                .into_iter()
-                .partition(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"));
+        let is_result = |b: &Value| b.get("type").and_then(Value::as_str) == Some("tool_result");
+        // The API wants a user turn's tool results before anything else
+        // (moved only when one follows other content, the rare case).
+        if *role == "user" && blocks.iter().skip_while(|b| is_result(b)).any(is_result) {
+            let (mut results, others): (Vec<Value>, Vec<Value>) =
+                std::mem::take(blocks).into_iter().partition(is_result);
             results.extend(others);
             *blocks = results;
         }

@@ -15,6 +15,9 @@ use crate::scan;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseEvent {
     pub data: String,
+    /// The data came in more than one line, so it holds a line break: a
+    /// copy of it would break the client's framing.
+    pub multiline: bool,
 }
 
 /// The stream broke the framing rules we can live with.
@@ -31,6 +34,8 @@ pub struct SseDecoder {
     line: Vec<u8>,
     data: String,
     has_data: bool,
+    /// The event being read has more than one data line.
+    multiline: bool,
     /// The previous chunk ended in `\r`: a leading `\n` belongs to it.
     after_cr: bool,
     limit: usize,
@@ -51,6 +56,7 @@ impl SseDecoder {
             line: Vec::new(),
             data: String::new(),
             has_data: false,
+            multiline: false,
             after_cr: false,
             limit,
         }
@@ -154,6 +160,7 @@ impl SseDecoder {
         }
         if self.has_data {
             self.data.push('\n');
+            self.multiline = true;
         }
         // from_utf8 checks ASCII a word at a time; lossy decoding only when
         // it must replace something.
@@ -175,9 +182,11 @@ impl SseDecoder {
             let next = String::with_capacity(self.data.len().min(64 * 1024));
             out.push(SseEvent {
                 data: std::mem::replace(&mut self.data, next),
+                multiline: self.multiline,
             });
         }
         self.has_data = false;
+        self.multiline = false;
     }
 }
 
@@ -235,7 +244,10 @@ pub(crate) mod tests {
     }
 
     fn ev(data: &str) -> SseEvent {
-        SseEvent { data: data.to_string() }
+        SseEvent {
+            data: data.to_string(),
+            multiline: data.contains('\n'),
+        }
     }
 
     #[test]

@@ -161,7 +161,9 @@ impl StreamRewriter {
             if self.finished {
                 break;
             }
-            if self.copy_chunks && self.copy_chunk(&event.data, out) {
+            // A line break between tokens (several data lines joined) would
+            // end the client's data line if copied: such an event is written anew.
+            if self.copy_chunks && !event.multiline && self.copy_chunk(&event.data, out) {
                 continue;
             }
             self.translator.on_event(&event, &mut self.items);
@@ -841,6 +843,35 @@ mod tests {
             }
         };
         parsed(&replay_with(&make, input))
+    }
+
+    #[test]
+    fn a_chunk_over_several_data_lines_goes_out_on_one() {
+        let head = r#"{"id":"u","object":"chat.completion.chunk","created":1,"model":"m","#;
+        let mut input = format!(
+            "data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}}}}]}}\n\n"
+        );
+        for _ in 0..2 {
+            // The same layout twice: the second would be read by the template.
+            input.push_str(&format!(
+                "data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"a\"}}}}]}}\n\n"
+            ));
+            input.push_str(&format!(
+                "data: {head}\"choices\":[{{\"index\":0,\ndata: \"delta\":{{\"content\":\"two lines\"}}}}],\"x\":\ndata: [1]}}\n\n"
+            ));
+        }
+        input.push_str("data: [DONE]\n\n");
+        let out = replay(Operation::Chat, false, input.as_bytes());
+        for line in out.lines() {
+            assert!(line.is_empty() || line.starts_with("data: "), "{line:?} in {out}");
+        }
+        let texts: Vec<&str> = events(&out)
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+            .map(|t| if t == "two lines" { "2" } else { "1" })
+            .collect();
+        assert_eq!(texts, ["1", "1", "2", "1", "2"]);
     }
 
     #[test]

@@ -1445,7 +1445,10 @@ mod tests {
         let mut parsed = AnthropicStream::new(&req).parsing_every_event();
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for d in data {
-            let event = SseEvent { data: d.to_string() };
+            let event = SseEvent {
+                data: d.to_string(),
+                multiline: false,
+            };
             let (mut x, mut y) = (Vec::new(), Vec::new());
             by_layout.on_event(&event, &mut x);
             parsed.on_event(&event, &mut y);

@@ -240,13 +240,15 @@ impl StreamRewriter {
     /// A chat chunk whose one choice's delta is just `text`, written as
     /// [`Self::write_chunk`] would write it but with no DOM: the stream's
     /// head, then `[{"delta":{"content":…},"finish_reason":null,"index":…}]`
-    /// (serde's member order). The first chunk (it gets the role) and
-    /// legacy streams (their choice has another shape) take the DOM path.
+    /// (serde's member order), the first with `"role":"assistant"` after the
+    /// content as `write_chunk` adds it. Legacy streams (their choice has
+    /// another shape) take the DOM path.
     fn write_content(&mut self, index: u64, text: String, out: &mut Vec<u8>) {
-        if !self.role_sent || self.stamp.op != Operation::Chat {
+        if self.stamp.op != Operation::Chat {
             let chunk = json!({"choices": [{"index": index, "delta": {"content": text}, "finish_reason": null}]});
             return self.write_chunk(chunk, out);
         }
+        let first = !std::mem::replace(&mut self.role_sent, true);
         let text = match self.scrubber.as_mut() {
             Some(scrubber) => scrubber.scrub(index, &text, false),
             None => Cow::Borrowed(text.as_str()),
@@ -255,6 +257,9 @@ impl StreamRewriter {
         out.extend_from_slice(b"[{\"delta\":{\"content\":");
         if serde_json::to_writer(&mut *out, text.as_ref()).is_err() {
             log::error!("waygate: a stream chunk could not be encoded");
+        }
+        if first {
+            out.extend_from_slice(b",\"role\":\"assistant\"");
         }
         out.extend_from_slice(b"},\"finish_reason\":null,\"index\":");
         push_decimal(out, index);

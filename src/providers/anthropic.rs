@@ -765,9 +765,13 @@ impl StreamTranslator for AnthropicStream {
                     };
                     items.push(StreamItem::Usage(self.usage));
                 }
-                // OpenAI's first chunk: the role, before any content.
-                let role = json!({"role": "assistant", "content": ""});
-                items.push(StreamItem::Chunk(chat::chunk(0, role, None)));
+                // OpenAI's first chunk: the role, before any content. As an
+                // empty text delta, the rewriter writes the stream's first
+                // with the role, and no DOM.
+                items.push(StreamItem::Content {
+                    index: 0,
+                    text: String::new(),
+                });
             }
             Event::ContentBlockStart { index, content_block } => self.block_start(index, content_block, items),
             Event::ContentBlockDelta { index, delta } => self.block_delta(index, delta, items),

@@ -183,6 +183,7 @@ impl StreamRewriter {
         match item {
             StreamItem::Chunk(chunk) => self.write_chunk(chunk, out),
             StreamItem::Content { index, text } => self.write_content(index, text, out),
+            StreamItem::Finish { index, reason } => self.write_finish(index, reason, out),
             StreamItem::Usage(usage) => self.usage = Some(usage),
             StreamItem::Done => {
                 self.flush_held(out);
@@ -262,6 +263,36 @@ impl StreamRewriter {
             out.extend_from_slice(b",\"role\":\"assistant\"");
         }
         out.extend_from_slice(b"},\"finish_reason\":null,\"index\":");
+        push_decimal(out, index);
+        out.extend_from_slice(b"}]}\n\n");
+    }
+
+    /// A chat chunk that finishes choice `index`, written as
+    /// [`Self::write_chunk`] would write it but with no DOM:
+    /// `[{"delta":{},"finish_reason":…,"index":…}]`, the delta holding as
+    /// its content what the scrubber held back for the choice. Before the
+    /// role went out, and in legacy streams, the DOM path.
+    fn write_finish(&mut self, index: u64, reason: &str, out: &mut Vec<u8>) {
+        if !self.role_sent || self.stamp.op != Operation::Chat {
+            let chunk = json!({"choices": [{"index": index, "delta": {}, "finish_reason": reason}]});
+            return self.write_chunk(chunk, out);
+        }
+        let held = match self.scrubber.as_mut() {
+            Some(scrubber) => scrubber.scrub(index, "", true).into_owned(),
+            None => String::new(),
+        };
+        self.begin_chunk(out);
+        out.extend_from_slice(b"[{\"delta\":{");
+        let mut written = Ok(());
+        if !held.is_empty() {
+            out.extend_from_slice(b"\"content\":");
+            written = serde_json::to_writer(&mut *out, &held);
+        }
+        out.extend_from_slice(b"},\"finish_reason\":");
+        if written.and_then(|()| serde_json::to_writer(&mut *out, reason)).is_err() {
+            log::error!("waygate: a stream chunk could not be encoded");
+        }
+        out.extend_from_slice(b",\"index\":");
         push_decimal(out, index);
         out.extend_from_slice(b"}]}\n\n");
     }
@@ -980,9 +1011,13 @@ mod tests {
                     index,
                     text: text.clone(),
                 },
-                (_, finish) => {
+                (_, finish) if self.dom => {
                     StreamItem::Chunk(json!({"choices": [{"index": index, "delta": {}, "finish_reason": finish}]}))
                 }
+                (_, finish) => StreamItem::Finish {
+                    index,
+                    reason: if finish == "length" { "length" } else { "stop" },
+                },
             });
         }
     }
@@ -990,6 +1025,8 @@ mod tests {
     #[test]
     fn content_items_are_written_byte_for_byte_as_their_chunk_dom() {
         let events = [
+            // A finish before any text: it carries the role.
+            json!({"i": 3, "f": "length"}),
             json!({"i": 0, "t": "Hello"}),
             json!({"i": 0, "t": "a\"b\\c\u{7}\n é 😀 </script>"}),
             json!({"i": 1, "t": "other choice"}),

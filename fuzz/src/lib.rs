@@ -282,8 +282,8 @@ impl StreamTranslator for Translated {
     }
 }
 
-/// A translator whose text deltas go out as the chunk DOM that
-/// [`providers::StreamItem::Content`] stands for.
+/// A translator whose text deltas and finishes go out as the chunk DOM that
+/// [`providers::StreamItem::Content`] and [`providers::StreamItem::Finish`] stand for.
 struct ContentAsDom(Box<dyn StreamTranslator>);
 
 impl StreamTranslator for ContentAsDom {
@@ -291,10 +291,16 @@ impl StreamTranslator for ContentAsDom {
         let start = items.len();
         self.0.on_event(event, items);
         for item in items.iter_mut().skip(start) {
-            if let providers::StreamItem::Content { index, text } = item {
-                let chunk = serde_json::json!({"choices": [{"index": *index, "delta": {"content": text}, "finish_reason": null}]});
-                *item = providers::StreamItem::Chunk(chunk);
-            }
+            let chunk = match item {
+                providers::StreamItem::Content { index, text } => {
+                    serde_json::json!({"choices": [{"index": *index, "delta": {"content": text}, "finish_reason": null}]})
+                }
+                providers::StreamItem::Finish { index, reason } => {
+                    serde_json::json!({"choices": [{"index": *index, "delta": {}, "finish_reason": reason}]})
+                }
+                _ => continue,
+            };
+            *item = providers::StreamItem::Chunk(chunk);
         }
     }
 

@@ -730,7 +730,10 @@ impl AnthropicStream {
             )));
             return;
         }
-        items.push(StreamItem::Chunk(chat::chunk(0, json!({}), Some(finish))));
+        items.push(StreamItem::Finish {
+            index: 0,
+            reason: finish,
+        });
     }
 }
 

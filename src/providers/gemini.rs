@@ -634,7 +634,10 @@ impl StreamTranslator for GeminiStream {
         let candidates = response.candidates.unwrap_or_default();
         if candidates.is_empty() && response.prompt_feedback.is_some_and(|f| f.block_reason.is_some()) {
             for index in 0..self.expected {
-                items.push(StreamItem::Chunk(chat::chunk(index, json!({}), Some("content_filter"))));
+                items.push(StreamItem::Finish {
+                    index,
+                    reason: "content_filter",
+                });
             }
             items.push(StreamItem::Done);
             return;
@@ -670,7 +673,7 @@ impl StreamTranslator for GeminiStream {
             if let Some(reason) = &candidate.finish_reason {
                 state.finished = true;
                 let finish = finish_reason(reason, state.calls > 0);
-                items.push(StreamItem::Chunk(chat::chunk(index, json!({}), Some(finish))));
+                items.push(StreamItem::Finish { index, reason: finish });
             }
         }
         if self.all_finished() {

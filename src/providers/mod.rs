@@ -43,6 +43,9 @@ pub enum StreamItem {
     /// The commonest chunk: choice `index`'s delta is just this text, and
     /// it does not finish. Written without building a chunk's DOM.
     Content { index: u64, text: String },
+    /// Choice `index` finishes with `reason`, its delta empty. Written
+    /// without a DOM too.
+    Finish { index: u64, reason: &'static str },
     /// Usage reported by the provider (the latest one wins).
     Usage(Usage),
     /// The provider's own terminal event.

@@ -51,6 +51,8 @@ pub struct StreamRewriter {
     copy_chunks: bool,
     /// What the last copied chunk held before its `choices`.
     preamble: Preamble,
+    /// The extras of the chunk being copied, written (reused across chunks).
+    extras: Vec<u8>,
 }
 
 impl StreamRewriter {
@@ -69,6 +71,7 @@ impl StreamRewriter {
             head: chunk_head(&stamp),
             copy_chunks,
             preamble: Preamble::default(),
+            extras: Vec::new(),
             stamp,
         }
     }
@@ -309,7 +312,15 @@ impl StreamRewriter {
         if !self.role_sent {
             return false;
         }
-        let Some(chunk) = read_chunk(data, &mut self.preamble) else {
+        let mut extras = std::mem::take(&mut self.extras);
+        let copied = self.copy_read(data, &mut extras, out);
+        self.extras = extras;
+        copied
+    }
+
+    /// [`Self::copy_chunk`], with the stream's buffer for the chunk's extras.
+    fn copy_read(&mut self, data: &str, extras: &mut Vec<u8>, out: &mut Vec<u8>) -> bool {
+        let Some(chunk) = read_chunk(data, &mut self.preamble, extras) else {
             return false;
         };
         if chunk.error_or_usage {
@@ -403,7 +414,7 @@ impl StreamRewriter {
         if chunk.after_preamble {
             out.extend_from_slice(self.preamble.extras());
         }
-        chunk::write_extras(&chunk.members, out);
+        out.extend_from_slice(extras);
         out.extend_from_slice(b"}\n\n");
         true
     }

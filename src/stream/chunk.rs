@@ -16,13 +16,12 @@ use crate::layout::{Layout, offset_in};
 use crate::scan;
 use crate::split::Walk;
 
-/// What [`super::StreamRewriter::copy_chunk`] reads of one event: the
-/// top-level members as they came and, of the (last) `choices` array, what
-/// each choice holds; the rest is copied.
+/// What [`super::StreamRewriter::copy_chunk`] reads of one event: of the
+/// (last) `choices` array, what each choice holds; the rest is copied (the
+/// extras as [`read_chunk`] writes them).
 pub(super) struct ChunkRead<'a> {
-    /// The members read, in order; after its preamble, only those after it.
-    pub members: Vec<(&'a str, &'a str)>,
-    /// The chunk starts with the last one's preamble (whose extras it has).
+    /// The chunk starts with the last one's preamble, whose extras it has
+    /// ([`Preamble::extras`]); those [`read_chunk`] wrote are the rest.
     pub after_preamble: bool,
     pub choices: Option<&'a str>,
     pub choices_read: Vec<ChoiceRead<'a>>,
@@ -48,7 +47,7 @@ pub(super) struct ChoiceRead<'a> {
 pub(super) struct Preamble {
     text: String,
     /// Its members other than those the copy writes itself, as the copy
-    /// writes them ([`write_extras`]).
+    /// writes them ([`write_extra`]).
     extras: Vec<u8>,
     /// It holds an `error` or a `usage` other than `null`.
     error_or_usage: bool,
@@ -69,10 +68,12 @@ struct ChoiceTemplate {
 /// Reads an event for the copy; `None` leaves it to the translator: not
 /// plain JSON (an escaped name, say), `choices` not an array of objects, a
 /// delta neither an object nor `null`, or a member a choice repeats.
-/// `preamble` is what the last event read held, and becomes this one's.
-pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<ChunkRead<'a>> {
+/// `preamble` is what the last event read held, and becomes this one's;
+/// `extras` gets the extras read (after the preamble, those after it), as
+/// the copy writes them: a buffer the stream reuses, no list per chunk.
+pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble, extras: &mut Vec<u8>) -> Option<ChunkRead<'a>> {
+    extras.clear();
     let mut chunk = ChunkRead {
-        members: Vec::with_capacity(8),
         after_preamble: false,
         choices: None,
         choices_read: Vec::new(),
@@ -89,17 +90,17 @@ pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<C
         if let Some((raw, choice)) = preamble.choice.as_ref().and_then(|t| t.read(data, at)) {
             chunk.choices = Some(raw);
             chunk.choices_read.push(choice);
-            chunk.note("choices", raw);
             resume = Some((at.wrapping_add(raw.len()), true));
         }
     }
-    // Where the first `choices` value starts, and how many members came before it.
+    // Where the first `choices` value starts; the extras written before it,
+    // and whether an error or usage came before it.
     let mut choices_at = None;
     let mut member = |name: &'a str, walk: &mut Walk<'a>| {
         let value = match name {
             "choices" => {
                 if choices_at.is_none() {
-                    choices_at = Some((walk.position(), chunk.members.len()));
+                    choices_at = Some((walk.position(), extras.len(), chunk.error_or_usage));
                 }
                 let read = &mut chunk.choices_read;
                 read.clear();
@@ -112,7 +113,8 @@ pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<C
             }
             _ => walk.value()?,
         };
-        chunk.note(name, value);
+        chunk.error_or_usage |= is_error_or_usage(name, value);
+        write_extra(name, value, extras);
         Some(())
     };
     match resume {
@@ -132,18 +134,10 @@ pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble) -> Option<C
             let mut walk = Walk::raw(data);
             walk.object(&mut member)?;
             walk.end()?;
-            preamble.remember(data, choices_at, &chunk);
+            preamble.remember(data, choices_at, &chunk, extras);
         }
     }
     Some(chunk)
-}
-
-impl<'a> ChunkRead<'a> {
-    /// One top-level member, read.
-    fn note(&mut self, name: &'a str, value: &'a str) {
-        self.error_or_usage |= is_error_or_usage(name, value);
-        self.members.push((name, value));
-    }
 }
 
 impl Preamble {
@@ -152,34 +146,35 @@ impl Preamble {
         &self.extras
     }
 
-    /// `data` was read whole: keeps its members before the first `choices`
-    /// (`choices_at`: where its value starts, and how many came before).
-    fn remember(&mut self, data: &str, choices_at: Option<(usize, usize)>, chunk: &ChunkRead<'_>) {
+    /// `data` was read whole: keeps what it held before the first `choices`
+    /// (`choices_at`: where its value starts, how much of `extras` was
+    /// written before it, and whether an error or usage came before it).
+    fn remember(&mut self, data: &str, choices_at: Option<(usize, usize, bool)>, chunk: &ChunkRead<'_>, extras: &[u8]) {
         self.text.clear();
         self.extras.clear();
         self.choice = None;
-        let Some((at, count)) = choices_at else { return };
-        let (Some(head), Some(members)) = (data.get(..at), chunk.members.get(..count)) else {
+        let Some((at, written, error_or_usage)) = choices_at else {
+            return;
+        };
+        let (Some(head), Some(before)) = (data.get(..at), extras.get(..written)) else {
             return;
         };
         self.text.push_str(head);
-        write_extras(members, &mut self.extras);
-        self.error_or_usage = members.iter().any(|(name, value)| is_error_or_usage(name, value));
+        self.extras.extend_from_slice(before);
+        self.error_or_usage = error_or_usage;
         self.choice = ChoiceTemplate::of(data, at, chunk);
     }
 }
 
-/// Members other than those the copy writes itself (the stream's id,
-/// object, created and model, `usage`, `choices`), as they came.
-pub(super) fn write_extras(members: &[(&str, &str)], out: &mut Vec<u8>) {
-    for (name, value) in members {
-        if !matches!(*name, "id" | "object" | "created" | "model" | "usage" | "choices") {
-            // The walk reads only names without escapes: copied as they are.
-            out.extend_from_slice(b",\"");
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(b"\":");
-            out.extend_from_slice(value.as_bytes());
-        }
+/// A member other than those the copy writes itself (the stream's id,
+/// object, created and model, `usage`, `choices`), written as it came.
+fn write_extra(name: &str, value: &str, out: &mut Vec<u8>) {
+    if !matches!(name, "id" | "object" | "created" | "model" | "usage" | "choices") {
+        // The walk reads only names without escapes: copied as they are.
+        out.extend_from_slice(b",\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":");
+        out.extend_from_slice(value.as_bytes());
     }
 }
 

@@ -11,7 +11,7 @@
 //! the text as before and may keep its layout for the next).
 
 use crate::scan;
-use crate::split::string_token_end;
+use crate::split::{string_token_end, whitespace_from};
 
 /// The bytes around one string token of a JSON text.
 pub struct Layout {
@@ -87,22 +87,15 @@ pub fn offset_in(text: &str, part: &str) -> Option<usize> {
 
 /// Whether `bytes` from `at` on are JSON whitespace only.
 pub fn only_whitespace_from(bytes: &[u8], at: usize) -> bool {
-    bytes
-        .get(at..)
-        .is_some_and(|rest| rest.iter().all(|b| is_whitespace(*b)))
-}
-
-fn is_whitespace(b: u8) -> bool {
-    matches!(b, b' ' | b'\n' | b'\t' | b'\r')
+    whitespace_from(bytes, at) == bytes.len()
 }
 
 /// Where `expected`'s closing brackets end in `bytes` from `at`, whitespace
 /// anywhere between them on either side (and none taken after the last).
 fn closers_end(bytes: &[u8], mut at: usize, expected: &[u8]) -> Option<usize> {
-    for want in expected.iter().filter(|b| !is_whitespace(**b)) {
-        while bytes.get(at).copied().is_some_and(is_whitespace) {
-            at = at.wrapping_add(1);
-        }
+    // `expected` is closing brackets and whitespace only (`only_closers`).
+    for want in expected.iter().filter(|b| matches!(**b, b'}' | b']')) {
+        at = whitespace_from(bytes, at);
         if bytes.get(at) != Some(want) {
             return None;
         }

@@ -108,12 +108,6 @@ fn replace_all(bytes: &mut Vec<u8>, start: usize, needle: &[u8], anchor: usize) 
     *bytes = out;
 }
 
-/// The first `needle` in `haystack` at or after `from` (never for an empty
-/// needle). To search for one needle many times, make it a [`Needle`].
-pub fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    Needle::new(needle).find(haystack, from)
-}
-
 /// Bytes to search for, with the byte the search looks for first, chosen
 /// once (it costs a pass over the needle).
 #[derive(Clone, Copy)]
@@ -130,7 +124,8 @@ impl<'n> Needle<'n> {
         }
     }
 
-    /// The first occurrence in `haystack` at or after `from`.
+    /// The first occurrence in `haystack` at or after `from` (never for an
+    /// empty needle).
     pub fn find(&self, haystack: &[u8], from: usize) -> Option<usize> {
         find_anchored(haystack, self.bytes, self.anchor, from)
     }
@@ -227,6 +222,10 @@ mod tests {
         let mut bytes = b"SECRET-KEY|SECRET-KEY".to_vec();
         scrub_from(&mut bytes, 10, "SECRET-KEY");
         assert_eq!(text(&bytes), "SECRET-KEY|[redacted]");
+    }
+
+    fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+        Needle::new(needle).find(haystack, from)
     }
 
     #[test]

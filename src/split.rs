@@ -357,7 +357,7 @@ pub fn string_token_end(bytes: &[u8], at: usize) -> Option<usize> {
 
 /// JSON's four whitespace bytes from `at`, as serde skips them: where they end.
 #[inline(always)]
-fn whitespace_from(bytes: &[u8], mut at: usize) -> usize {
+pub fn whitespace_from(bytes: &[u8], mut at: usize) -> usize {
     while matches!(bytes.get(at), Some(b' ' | b'\n' | b'\t' | b'\r')) {
         at = at.wrapping_add(1);
     }

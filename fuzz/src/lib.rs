@@ -174,7 +174,17 @@ pub const STREAM_SECRET: &str = "sk-stream-secret-42";
 
 /// Runs a stream through a fresh rewriter, chunk by chunk, and finishes it.
 pub fn rewrite(api: Api, request: &ParsedRequest, redact: bool, chunks: &[&[u8]]) -> Vec<u8> {
-    let mut rewriter = StreamRewriter::new(translator(api, request), stamp(request.op), request.include_usage);
+    rewrite_with(translator(api, request), request, redact, chunks)
+}
+
+/// [`rewrite`] with a translator of the caller's (a reference path to compare with).
+pub fn rewrite_with(
+    translator: Box<dyn StreamTranslator>,
+    request: &ParsedRequest,
+    redact: bool,
+    chunks: &[&[u8]],
+) -> Vec<u8> {
+    let mut rewriter = StreamRewriter::new(translator, stamp(request.op), request.include_usage);
     if redact {
         rewriter = rewriter.redacting(STREAM_SECRET);
     }
@@ -215,13 +225,7 @@ pub fn check_stream_target(api: Api, data: &[u8]) {
     check_client_stream(&whole, request.op, true, Some(&stamp(request.op)));
     if api == Api::Openai {
         // The copy path for OpenAI chunks agrees with the translator's path.
-        let mut reference = StreamRewriter::new(Box::new(Translated), stamp(request.op), request.include_usage);
-        if redact {
-            reference = reference.redacting(STREAM_SECRET);
-        }
-        let mut out = Vec::new();
-        reference.push(payload, &mut out);
-        reference.finish(&mut out);
+        let out = rewrite_with(Box::new(Translated), &request, redact, &[payload]);
         // Where the translator found an event "not JSON" only because serde's DOM refuses
         // a number beyond f64 or nesting past 128, the copy passes the event on as written.
         if !contains(&out, b"not JSON") {
@@ -234,14 +238,8 @@ pub fn check_stream_target(api: Api, data: &[u8]) {
     }
     if api == Api::Anthropic {
         // Text deltas read by their layout agree with every event parsed.
-        let translator = AnthropicStream::new(&request).parsing_every_event();
-        let mut reference = StreamRewriter::new(Box::new(translator), stamp(request.op), request.include_usage);
-        if redact {
-            reference = reference.redacting(STREAM_SECRET);
-        }
-        let mut out = Vec::new();
-        reference.push(payload, &mut out);
-        reference.finish(&mut out);
+        let translator = Box::new(AnthropicStream::new(&request).parsing_every_event());
+        let out = rewrite_with(translator, &request, redact, &[payload]);
         assert_eq!(
             String::from_utf8_lossy(&whole),
             String::from_utf8_lossy(&out),
@@ -249,17 +247,12 @@ pub fn check_stream_target(api: Api, data: &[u8]) {
         );
     }
     // Text deltas written without a DOM are byte for byte what their DOM gives.
-    let mut reference = StreamRewriter::new(
+    let out = rewrite_with(
         Box::new(ContentAsDom(translator(api, &request))),
-        stamp(request.op),
-        request.include_usage,
+        &request,
+        redact,
+        &[payload],
     );
-    if redact {
-        reference = reference.redacting(STREAM_SECRET);
-    }
-    let mut out = Vec::new();
-    reference.push(payload, &mut out);
-    reference.finish(&mut out);
     assert_eq!(
         String::from_utf8_lossy(&whole),
         String::from_utf8_lossy(&out),

@@ -6,15 +6,20 @@
 //! `\n` opening the next chunk does not make a spurious blank line. The line
 //! being assembled is capped, so an upstream that never ends a line cannot
 //! grow memory without bound.
+//!
+//! Events are handed out one at a time ([`SseDecoder::next`]), borrowed: an
+//! event whose one data line and blank line are both in the chunk (most of
+//! them: providers flush an event at a time) is read in place, with no copy
+//! and no allocation; the others are assembled in a buffer the decoder
+//! keeps for the next.
 
 use crate::scan;
 
 /// One dispatched event: its joined `data:` lines. The `event:` name is not
-/// kept: no translator needs it (Anthropic repeats it as the data's `type`),
-/// and keeping it cost an allocation per event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SseEvent {
-    pub data: String,
+/// kept: no translator needs it (Anthropic repeats it as the data's `type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SseEvent<'a> {
+    pub data: &'a str,
     /// The data came in more than one line, so it holds a line break: a
     /// copy of it would break the client's framing.
     pub multiline: bool,
@@ -27,15 +32,19 @@ pub enum SseError {
     TooLong { limit: usize },
 }
 
-/// Incremental SSE decoder: feed chunks with [`SseDecoder::push`], then call
+/// Incremental SSE decoder: take the events of each chunk with
+/// [`SseDecoder::next`] until it has none, then the last with
 /// [`SseDecoder::finish`] at end of stream.
 #[derive(Debug)]
 pub struct SseDecoder {
     line: Vec<u8>,
+    /// The data of the event being read, when it is not read in place.
     data: String,
     has_data: bool,
     /// The event being read has more than one data line.
     multiline: bool,
+    /// The last event handed out was `data`: empty it before the next.
+    data_handed_out: bool,
     /// The previous chunk ended in `\r`: a leading `\n` belongs to it.
     after_cr: bool,
     limit: usize,
@@ -50,6 +59,36 @@ impl Default for SseDecoder {
     }
 }
 
+/// What one complete line says.
+enum Line<'l> {
+    /// A blank line: the event ends.
+    Blank,
+    /// A `data:` field's value.
+    Data(&'l [u8]),
+    /// A comment, or a field no translator reads (`event`, `id`, `retry`).
+    Skipped,
+}
+
+fn read_line(line: &[u8]) -> Line<'_> {
+    if line.is_empty() {
+        return Line::Blank;
+    }
+    let (name, value) = match scan::position_of(line, b':') {
+        Some(at) => {
+            let (name, rest) = line.split_at(at);
+            let value = rest.get(1..).unwrap_or(&[]);
+            (name, value.strip_prefix(b" ").unwrap_or(value))
+        }
+        None => (line, &[][..]),
+    };
+    // A comment has an empty name; only data matters to a translator.
+    if name == b"data" {
+        Line::Data(value)
+    } else {
+        Line::Skipped
+    }
+}
+
 impl SseDecoder {
     pub fn with_limit(limit: usize) -> Self {
         SseDecoder {
@@ -57,68 +96,109 @@ impl SseDecoder {
             data: String::new(),
             has_data: false,
             multiline: false,
+            data_handed_out: false,
             after_cr: false,
             limit,
         }
     }
 
-    /// Decodes `chunk`, appending every completed event to `out`.
-    pub fn push(&mut self, mut chunk: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseError> {
+    /// The next event completed by `chunk`, which is advanced past it;
+    /// `None` once the chunk is used up (its unfinished tail is kept).
+    pub fn next<'s, 'c: 's>(&'s mut self, chunk: &mut &'c [u8]) -> Result<Option<SseEvent<'s>>, SseError> {
+        if std::mem::take(&mut self.data_handed_out) {
+            self.data.clear();
+        }
         if self.after_cr && !chunk.is_empty() {
-            if let [b'\n', rest @ ..] = chunk {
-                chunk = rest;
+            if let [b'\n', rest @ ..] = *chunk {
+                *chunk = rest;
             }
             self.after_cr = false;
         }
-        while !chunk.is_empty() {
-            match scan::position_of_either(chunk, b'\n', b'\r') {
-                None => {
-                    self.line.extend_from_slice(chunk);
-                    self.check_len()?;
-                    return Ok(());
+        // The data of an event whose data line is whole in this chunk, not
+        // yet copied: if its blank line is here too, it is handed out as is.
+        let mut in_place: Option<&'c str> = None;
+        loop {
+            let Some(at) = scan::position_of_either(chunk, b'\n', b'\r') else {
+                if let Some(text) = in_place {
+                    self.data.push_str(text);
                 }
-                Some(at) => {
-                    let (head, tail) = chunk.split_at(at);
-                    if self.line.is_empty() {
-                        // The whole line is in this chunk: read it in place.
-                        if head.len() > self.limit {
-                            return Err(SseError::TooLong { limit: self.limit });
-                        }
-                        self.line_done(head, out)?;
-                    } else {
-                        self.line.extend_from_slice(head);
-                        self.check_len()?;
-                        self.end_line(out)?;
-                    }
-                    let (terminator, rest) = tail.split_first().map_or((b'\n', &[][..]), |(t, r)| (*t, r));
-                    chunk = rest;
-                    if terminator == b'\r' {
-                        match chunk {
-                            [b'\n', rest @ ..] => chunk = rest,
-                            [] => self.after_cr = true,
-                            _ => {}
-                        }
-                    }
+                self.line.extend_from_slice(chunk);
+                *chunk = &[];
+                self.check_len()?;
+                return Ok(None);
+            };
+            let whole: &'c [u8] = chunk;
+            let (head, tail) = whole.split_at(at);
+            let (terminator, mut rest) = tail.split_first().map_or((b'\n', &[][..]), |(t, r)| (*t, r));
+            if terminator == b'\r' {
+                match rest {
+                    [b'\n', after @ ..] => rest = after,
+                    [] => self.after_cr = true,
+                    _ => {}
                 }
             }
+            *chunk = rest;
+            if !self.line.is_empty() {
+                // The line began in an earlier chunk.
+                self.line.extend_from_slice(head);
+                self.check_len()?;
+                let line = std::mem::take(&mut self.line);
+                let read = self.line_held(&line);
+                self.line = reuse(line);
+                read?;
+                continue;
+            }
+            if head.len() > self.limit {
+                return Err(SseError::TooLong { limit: self.limit });
+            }
+            match read_line(head) {
+                Line::Blank if self.has_data => {
+                    return Ok(Some(match in_place {
+                        Some(data) => SseEvent {
+                            data,
+                            multiline: self.end_event(),
+                        },
+                        None => self.held_event(),
+                    }));
+                }
+                Line::Data(value) => match (self.has_data, std::str::from_utf8(value)) {
+                    // from_utf8 checks ASCII a word at a time.
+                    (false, Ok(text)) => {
+                        in_place = Some(text);
+                        self.has_data = true;
+                    }
+                    (_, text) => {
+                        if let Some(first) = in_place.take() {
+                            self.data.push_str(first);
+                        }
+                        self.push_data(value, text.ok())?;
+                    }
+                },
+                Line::Blank | Line::Skipped => {}
+            }
         }
-        Ok(())
     }
 
-    /// End of stream. A last event without its blank line is still
-    /// dispatched: providers that end on `data: [DONE]\n` are common enough.
-    pub fn finish(&mut self, out: &mut Vec<SseEvent>) -> Result<(), SseError> {
-        if !self.line.is_empty() {
-            self.end_line(out)?;
+    /// End of stream: the last event, when its blank line never came (a
+    /// provider ending on `data: [DONE]\n` is common enough).
+    pub fn finish(&mut self) -> Result<Option<SseEvent<'_>>, SseError> {
+        if std::mem::take(&mut self.data_handed_out) {
+            self.data.clear();
         }
-        self.dispatch(out);
         self.after_cr = false;
-        Ok(())
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            let read = self.line_held(&line);
+            self.line = reuse(line);
+            read?;
+        }
+        Ok(self.has_data.then(|| self.held_event()))
     }
 
-    /// Bytes held while waiting for the rest of a line.
+    /// Bytes held while waiting for the rest of a line or event.
     pub fn pending(&self) -> usize {
-        self.line.len() + self.data.len()
+        let handed_out = if self.data_handed_out { self.data.len() } else { 0 };
+        self.line.len() + self.data.len() - handed_out
     }
 
     fn check_len(&self) -> Result<(), SseError> {
@@ -128,45 +208,25 @@ impl SseDecoder {
         Ok(())
     }
 
-    /// The line held across chunks is complete.
-    fn end_line(&mut self, out: &mut Vec<SseEvent>) -> Result<(), SseError> {
-        let line = std::mem::take(&mut self.line);
-        let done = self.line_done(&line, out);
-        self.line = reuse(line);
-        done
+    /// A complete line that was assembled across chunks (so not blank):
+    /// its data is copied.
+    fn line_held(&mut self, line: &[u8]) -> Result<(), SseError> {
+        match read_line(line) {
+            Line::Data(value) => self.push_data(value, std::str::from_utf8(value).ok()),
+            Line::Blank | Line::Skipped => Ok(()),
+        }
     }
 
-    /// One complete line, without its terminator.
-    fn line_done(&mut self, line: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseError> {
-        if line.is_empty() {
-            self.dispatch(out);
-            return Ok(());
-        }
-        if line.first() == Some(&b':') {
-            return Ok(());
-        }
-        let (name, value) = match line.iter().position(|b| *b == b':') {
-            Some(at) => {
-                let (name, rest) = line.split_at(at);
-                let value = rest.get(1..).unwrap_or(&[]);
-                (name, value.strip_prefix(b" ").unwrap_or(value))
-            }
-            None => (line, &[][..]),
-        };
-        // Only data matters to a translator: event, id, retry and unknown
-        // fields are skipped.
-        if name != b"data" {
-            return Ok(());
-        }
+    /// Appends one data line's value (`text` when it is valid UTF-8; the
+    /// rest is decoded with replacement characters).
+    fn push_data(&mut self, value: &[u8], text: Option<&str>) -> Result<(), SseError> {
         if self.has_data {
             self.data.push('\n');
             self.multiline = true;
         }
-        // from_utf8 checks ASCII a word at a time; lossy decoding only when
-        // it must replace something.
-        match std::str::from_utf8(value) {
-            Ok(text) => self.data.push_str(text),
-            Err(_) => self.data.push_str(&String::from_utf8_lossy(value)),
+        match text {
+            Some(text) => self.data.push_str(text),
+            None => self.data.push_str(&String::from_utf8_lossy(value)),
         }
         self.has_data = true;
         if self.data.len() > self.limit {
@@ -175,18 +235,20 @@ impl SseDecoder {
         Ok(())
     }
 
-    fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
-        if self.has_data {
-            // Sized like this event: the next is likely similar, and one
-            // allocation beats growing from nothing every event.
-            let next = String::with_capacity(self.data.len().min(64 * 1024));
-            out.push(SseEvent {
-                data: std::mem::replace(&mut self.data, next),
-                multiline: self.multiline,
-            });
-        }
+    /// The event ends, and the next starts: whether it had several data lines.
+    fn end_event(&mut self) -> bool {
         self.has_data = false;
-        self.multiline = false;
+        std::mem::take(&mut self.multiline)
+    }
+
+    /// The event assembled in `data` ends, and is handed out.
+    fn held_event(&mut self) -> SseEvent<'_> {
+        let multiline = self.end_event();
+        self.data_handed_out = true;
+        SseEvent {
+            data: &self.data,
+            multiline,
+        }
     }
 }
 
@@ -221,15 +283,28 @@ pub(crate) mod tests {
         all
     }
 
-    fn decode_all(input: &[u8]) -> Vec<SseEvent> {
-        let mut reference: Option<Vec<SseEvent>> = None;
+    /// An event as the tests compare them: its data and whether it was multiline.
+    type Owned = (String, bool);
+
+    /// Every event `chunk` completes, owned.
+    pub fn push(d: &mut SseDecoder, mut chunk: &[u8], out: &mut Vec<Owned>) -> Result<(), SseError> {
+        while let Some(event) = d.next(&mut chunk)? {
+            out.push((event.data.to_string(), event.multiline));
+        }
+        Ok(())
+    }
+
+    fn decode_all(input: &[u8]) -> Vec<Owned> {
+        let mut reference: Option<Vec<Owned>> = None;
         for chunks in chunkings(input) {
             let mut d = SseDecoder::default();
             let mut out = Vec::new();
             for c in &chunks {
-                d.push(c, &mut out).unwrap();
+                push(&mut d, c, &mut out).unwrap();
             }
-            d.finish(&mut out).unwrap();
+            if let Some(last) = d.finish().unwrap() {
+                out.push((last.data.to_string(), last.multiline));
+            }
             match &reference {
                 None => reference = Some(out),
                 Some(r) => assert_eq!(
@@ -243,11 +318,8 @@ pub(crate) mod tests {
         reference.unwrap()
     }
 
-    fn ev(data: &str) -> SseEvent {
-        SseEvent {
-            data: data.to_string(),
-            multiline: data.contains('\n'),
-        }
+    fn ev(data: &str) -> Owned {
+        (data.to_string(), data.contains('\n'))
     }
 
     #[test]
@@ -266,8 +338,8 @@ pub(crate) mod tests {
         // The regression Higress' framer has: "\r" | "\n" must not be a blank line.
         let mut d = SseDecoder::default();
         let mut out = Vec::new();
-        d.push(b"data: a\r", &mut out).unwrap();
-        d.push(b"\ndata: b\r\n\r\n", &mut out).unwrap();
+        push(&mut d, b"data: a\r", &mut out).unwrap();
+        push(&mut d, b"\ndata: b\r\n\r\n", &mut out).unwrap();
         assert_eq!(out, vec![ev("a\nb")]);
     }
 
@@ -275,6 +347,16 @@ pub(crate) mod tests {
     fn split_utf8_characters_survive() {
         let input = "data: {\"t\":\"héllo ✓ 🎉\"}\n\n".as_bytes();
         assert_eq!(decode_all(input), vec![ev("{\"t\":\"héllo ✓ 🎉\"}")]);
+    }
+
+    #[test]
+    fn events_read_in_place_and_assembled_agree() {
+        // In one chunk each event is read in place, or copied when it must
+        // be (a second data line, bytes that are not UTF-8); split anywhere,
+        // some are assembled across chunks: the same events either way.
+        let input = b"data: \xff!\n\ndata: a\nid: 1\n\ndata: b\ndata: c\n\n: x\ndata: d\r\n\r\ndata: e";
+        let expect = vec![ev("\u{fffd}!"), ev("a"), ev("b\nc"), ev("d"), ev("e")];
+        assert_eq!(decode_all(input), expect);
     }
 
     #[test]
@@ -292,8 +374,8 @@ pub(crate) mod tests {
     fn incomplete_buffer_growth_is_bounded() {
         let mut d = SseDecoder::with_limit(16);
         let mut out = Vec::new();
-        d.push(b"data: 0123456789", &mut out).unwrap();
-        assert_eq!(d.push(b"abcdef", &mut out), Err(SseError::TooLong { limit: 16 }));
+        push(&mut d, b"data: 0123456789", &mut out).unwrap();
+        assert_eq!(push(&mut d, b"abcdef", &mut out), Err(SseError::TooLong { limit: 16 }));
     }
 
     #[test]

@@ -39,8 +39,7 @@ pub struct StreamRewriter {
     usage: Option<Usage>,
     role_sent: bool,
     finished: bool,
-    /// Scratch space reused across chunks.
-    events: Vec<SseEvent>,
+    /// Scratch space reused across events.
     items: Vec<StreamItem>,
     scrubber: Option<Scrubber>,
     /// `{"id":…,"object":…,"created":…,"model":…` as every chunk starts,
@@ -53,6 +52,9 @@ pub struct StreamRewriter {
     preamble: Preamble,
     /// The extras of the chunk being copied, written (reused across chunks).
     extras: Vec<u8>,
+    /// With a credential of word characters only, which none of the bytes
+    /// a text delta's chunk is written with can hold (see [`Self::write_content`]).
+    clean_template: bool,
 }
 
 impl StreamRewriter {
@@ -64,7 +66,6 @@ impl StreamRewriter {
             usage: None,
             role_sent: false,
             finished: false,
-            events: Vec::new(),
             items: Vec::new(),
             scrubber: None,
             translator,
@@ -72,6 +73,7 @@ impl StreamRewriter {
             copy_chunks,
             preamble: Preamble::default(),
             extras: Vec::new(),
+            clean_template: false,
             stamp,
         }
     }
@@ -79,7 +81,16 @@ impl StreamRewriter {
     /// Scrubs `secret` (the provider's credential) from everything written.
     pub fn redacting(mut self, secret: &str) -> Self {
         if secret.len() >= redact::MIN_LEN {
-            self.scrubber = Some(Scrubber::new(secret));
+            let scrubber = Scrubber::new(secret);
+            // Every word a text delta's chunk is written with, but its text
+            // and index: the head, the members, the role.
+            let mut template = Vec::new();
+            self.begin_chunk(&mut template);
+            template.extend_from_slice(
+                b"[{\"delta\":{\"content\":\"\",\"role\":\"assistant\"},\"finish_reason\":null,\"index\":0}]}\n\n",
+            );
+            self.clean_template = scrubber.word && !scrubber.secret.occurs_in(&template);
+            self.scrubber = Some(scrubber);
         }
         self
     }
@@ -99,20 +110,31 @@ impl StreamRewriter {
         if self.finished {
             return;
         }
-        let start = out.len();
-        let framed = self.decoder.push(chunk, &mut self.events);
-        self.drain_events(out);
+        // Out of the way while its events, which may borrow it, are read.
+        let mut decoder = std::mem::take(&mut self.decoder);
+        let mut rest = chunk;
+        let framed = loop {
+            match decoder.next(&mut rest) {
+                Ok(Some(event)) => self.on_event(&event, out),
+                Ok(None) => break Ok(()),
+                Err(error) => break Err(error),
+            }
+            if self.finished {
+                break Ok(());
+            }
+        };
+        self.decoder = decoder;
         if let Err(SseError::TooLong { limit }) = framed {
             self.fail(
                 &interrupted(&format!("The provider sent an event over {limit} bytes.")),
                 out,
             );
         }
-        self.scrub(out, start);
     }
 
     /// Whole events were written after `start`: a credential in them (a key,
-    /// an error message, one delta) cannot be split across two calls.
+    /// an error message, one delta) cannot be split across two calls, nor
+    /// across two events (a credential is a header value: it has no line break).
     fn scrub(&self, out: &mut Vec<u8>, start: usize) {
         if let Some(scrubber) = &self.scrubber {
             scrubber.secret.scrub_from(out, start);
@@ -125,13 +147,16 @@ impl StreamRewriter {
         if self.finished {
             return;
         }
-        let start = out.len();
-        let framed = self.decoder.finish(&mut self.events);
-        self.drain_events(out);
+        let mut decoder = std::mem::take(&mut self.decoder);
+        let framed = decoder.finish().map(|last| {
+            if let Some(event) = last {
+                self.on_event(&event, out);
+            }
+        });
+        self.decoder = decoder;
         if framed.is_err() || !self.finished {
             self.fail(&interrupted("The provider's stream ended before it was complete."), out);
         }
-        self.scrub(out, start);
     }
 
     /// A failure outside the stream (reset, timeout): the error event.
@@ -158,36 +183,44 @@ impl StreamRewriter {
         self.scrubber = Some(scrubber);
     }
 
-    fn drain_events(&mut self, out: &mut Vec<u8>) {
-        let mut events = std::mem::take(&mut self.events);
-        for event in events.drain(..) {
-            if self.finished {
-                break;
-            }
-            // A line break between tokens (several data lines joined) would
-            // end the client's data line if copied: such an event is written anew.
-            if self.copy_chunks && !event.multiline && self.copy_chunk(&event.data, out) {
-                continue;
-            }
-            self.translator.on_event(&event, &mut self.items);
-            let mut items = std::mem::take(&mut self.items);
-            for item in items.drain(..) {
-                self.write_item(item, out);
-            }
-            self.items = items;
-        }
-        self.events = events;
-    }
-
-    fn write_item(&mut self, item: StreamItem, out: &mut Vec<u8>) {
+    /// Writes what one event says, scrubbed.
+    fn on_event(&mut self, event: &SseEvent<'_>, out: &mut Vec<u8>) {
         if self.finished {
             return;
         }
+        let start = out.len();
+        // A line break between tokens (several data lines joined) would
+        // end the client's data line if copied: such an event is written anew.
+        if self.copy_chunks && !event.multiline && self.copy_chunk(event.data, out) {
+            self.scrub(out, start);
+            return;
+        }
+        self.translator.on_event(event, &mut self.items);
+        let mut items = std::mem::take(&mut self.items);
+        let mut clean = true;
+        for item in items.drain(..) {
+            clean &= self.write_item(item, out);
+        }
+        self.items = items;
+        if !clean {
+            self.scrub(out, start);
+        }
+    }
+
+    /// Writes one item; `true` when what it wrote cannot hold the
+    /// credential (see [`Self::write_content`]), so it need not be scrubbed.
+    fn write_item(&mut self, item: StreamItem, out: &mut Vec<u8>) -> bool {
+        if self.finished {
+            return true;
+        }
         match item {
             StreamItem::Chunk(chunk) => self.write_chunk(chunk, out),
-            StreamItem::Content { index, text } => self.write_content(index, text, out),
+            StreamItem::Content { index, text } => return self.write_content(index, text, out),
             StreamItem::Finish { index, reason } => self.write_finish(index, reason, out),
-            StreamItem::Usage(usage) => self.usage = Some(usage),
+            StreamItem::Usage(usage) => {
+                self.usage = Some(usage);
+                return true;
+            }
             StreamItem::Done => {
                 self.flush_held(out);
                 if self.include_usage {
@@ -199,6 +232,7 @@ impl StreamRewriter {
             }
             StreamItem::Error(error) => self.fail(&error, out),
         }
+        false
     }
 
     fn write_chunk(&mut self, chunk: Value, out: &mut Vec<u8>) {
@@ -247,10 +281,18 @@ impl StreamRewriter {
     /// (serde's member order), the first with `"role":"assistant"` after the
     /// content as `write_chunk` adds it. Legacy streams (their choice has
     /// another shape) take the DOM path.
-    fn write_content(&mut self, index: u64, text: String, out: &mut Vec<u8>) {
+    ///
+    /// `true` when the chunk cannot hold the credential: the scrubber took
+    /// it out of the text, and with a credential of [`Scrubber::word`]
+    /// characters that is not in [`Self::clean_template`], an occurrence
+    /// elsewhere would have to sit in a run of word characters of the
+    /// chunk, which are the text's when it needed no escapes, the index's
+    /// digits, or the template's.
+    fn write_content(&mut self, index: u64, text: String, out: &mut Vec<u8>) -> bool {
         if self.stamp.op != Operation::Chat {
             let chunk = json!({"choices": [{"index": index, "delta": {"content": text}, "finish_reason": null}]});
-            return self.write_chunk(chunk, out);
+            self.write_chunk(chunk, out);
+            return false;
         }
         let first = !std::mem::replace(&mut self.role_sent, true);
         let text = match self.scrubber.as_mut() {
@@ -259,15 +301,18 @@ impl StreamRewriter {
         };
         self.begin_chunk(out);
         out.extend_from_slice(b"[{\"delta\":{\"content\":");
+        let before = out.len();
         if serde_json::to_writer(&mut *out, text.as_ref()).is_err() {
             log::error!("waygate: a stream chunk could not be encoded");
         }
+        let unescaped = out.len().wrapping_sub(before) == text.len().wrapping_add(2);
         if first {
             out.extend_from_slice(b",\"role\":\"assistant\"");
         }
         out.extend_from_slice(b"},\"finish_reason\":null,\"index\":");
         push_decimal(out, index);
         out.extend_from_slice(b"}]}\n\n");
+        unescaped && self.clean_template
     }
 
     /// A chat chunk that finishes choice `index`, written as
@@ -491,6 +536,9 @@ const HOLD_MIN: usize = 4;
 /// error event. Translation is per event, so this is chunking-invariant.
 struct Scrubber {
     secret: redact::Secret,
+    /// The secret is a word: letters, digits, `-`, `_` and `.` (so JSON
+    /// never escapes it), not digits alone.
+    word: bool,
     /// Where each byte occurs in the secret.
     positions: Positions,
     /// Per choice index: the held text and the end of what went out.
@@ -499,8 +547,10 @@ struct Scrubber {
 
 impl Scrubber {
     fn new(secret: &str) -> Scrubber {
+        let word_byte = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
         Scrubber {
             secret: redact::Secret::new(secret),
+            word: secret.as_bytes().iter().all(word_byte) && !secret.bytes().all(|b| b.is_ascii_digit()),
             positions: Positions::new(secret.as_bytes()),
             choices: Vec::new(),
         }
@@ -872,7 +922,7 @@ mod tests {
     struct Translated(OpenAiStream);
 
     impl StreamTranslator for Translated {
-        fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
+        fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
             self.0.on_event(event, items);
         }
     }
@@ -1008,11 +1058,11 @@ mod tests {
     }
 
     impl StreamTranslator for Deltas {
-        fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
+        fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
             if event.data == "[DONE]" {
                 return items.push(StreamItem::Done);
             }
-            let v: Value = serde_json::from_str(&event.data).unwrap();
+            let v: Value = serde_json::from_str(event.data).unwrap();
             let index = v["i"].as_u64().unwrap();
             items.push(match (&v["t"], &v["f"]) {
                 (Value::String(text), _) if self.dom => StreamItem::Chunk(
@@ -1071,6 +1121,35 @@ mod tests {
                 assert!(written.ends_with("data: [DONE]\n\n"));
                 assert_eq!(secret.is_some(), !written.contains("0123456789"), "{written}");
             }
+        }
+    }
+
+    #[test]
+    fn a_text_delta_is_scrubbed_wherever_its_chunk_could_hold_the_secret() {
+        // Text deltas written without a DOM skip the scrub of their chunk
+        // when it cannot hold the secret: each case here is one where it
+        // could, outside the text the scrubber saw.
+        let cases = [
+            // Only once JSON escapes the text (`\n` + `abcdefgh1`).
+            ("nabcdefgh1", json!({"i": 0, "t": "x\nabcdefgh1 y"})),
+            // In the role, the object, the id, a member name, the index.
+            ("assistant", json!({"i": 0, "t": "hi"})),
+            ("completion.chunk", json!({"i": 0, "t": "hi"})),
+            ("chatcmpl_ID", json!({"i": 0, "t": "hi"})),
+            ("finish_reason", json!({"i": 0, "t": "hi"})),
+            ("12345678", json!({"i": 12345678, "t": "hi"})),
+            // Not a word: JSON escapes it.
+            ("sk\"live\"key", json!({"i": 0, "t": "a sk\"live\"key"})),
+        ];
+        for (secret, event) in cases {
+            let input = format!("data: {event}\n\ndata: [DONE]\n\n");
+            let make =
+                || StreamRewriter::new(Box::new(Deltas { dom: false }), stamp(Operation::Chat), true).redacting(secret);
+            let written = replay_with(&make, input.as_bytes());
+            let escaped = serde_json::to_string(secret).unwrap();
+            assert!(!written.contains(secret), "{secret}: {written}");
+            assert!(!written.contains(&escaped[1..escaped.len() - 1]), "{secret}: {written}");
+            assert!(written.contains("[redacted]"), "{secret}: {written}");
         }
     }
 

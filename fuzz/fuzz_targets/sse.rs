@@ -5,19 +5,29 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use waygate::sse::{DEFAULT_LIMIT, SseDecoder, SseError, SseEvent};
+use waygate::sse::{DEFAULT_LIMIT, SseDecoder, SseError};
 use waygate_fuzz::{chunked, plan_and_payload};
 
-fn decode(limit: usize, chunks: &[&[u8]]) -> (Vec<SseEvent>, Result<(), SseError>) {
+/// Each event's data and whether it had several lines.
+type Events = Vec<(String, bool)>;
+
+fn decode(limit: usize, chunks: &[&[u8]]) -> (Events, Result<(), SseError>) {
     let mut decoder = SseDecoder::with_limit(limit);
     let mut events = Vec::new();
     for chunk in chunks {
-        if let Err(e) = decoder.push(chunk, &mut events) {
-            return (events, Err(e));
+        let mut rest = *chunk;
+        loop {
+            match decoder.next(&mut rest) {
+                Ok(Some(event)) => events.push((event.data.to_string(), event.multiline)),
+                Ok(None) => break,
+                Err(e) => return (events, Err(e)),
+            }
         }
         assert!(decoder.pending() <= 2 * limit, "the buffer is bounded");
     }
-    let end = decoder.finish(&mut events);
+    let end = decoder
+        .finish()
+        .map(|last| events.extend(last.map(|event| (event.data.to_string(), event.multiline))));
     assert!(end.is_err() || decoder.pending() == 0, "finish flushes everything");
     (events, end)
 }
@@ -31,8 +41,9 @@ fuzz_target!(|data: &[u8]| {
             let bytes: Vec<&[u8]> = payload.chunks(1).collect();
             assert_eq!(whole, decode(limit, &bytes), "byte by byte");
         }
-        for event in &whole.0 {
-            assert!(!event.data.contains('\r'), "lines end at CR too");
+        for (data, multiline) in &whole.0 {
+            assert!(!data.contains('\r'), "lines end at CR too");
+            assert_eq!(*multiline, data.contains('\n'), "a line break only between data lines");
         }
     }
 });

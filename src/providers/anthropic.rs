@@ -738,8 +738,8 @@ impl AnthropicStream {
 }
 
 impl StreamTranslator for AnthropicStream {
-    fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
-        let data = event.data.as_str();
+    fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
+        let data = event.data;
         let parsed = match self.text_like_last(data) {
             Some(event) => Some(event),
             None => {
@@ -1453,7 +1453,7 @@ mod tests {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for d in data {
             let event = SseEvent {
-                data: d.to_string(),
+                data: d,
                 multiline: false,
             };
             let (mut x, mut y) = (Vec::new(), Vec::new());

@@ -609,13 +609,13 @@ impl GeminiStream {
 }
 
 impl StreamTranslator for GeminiStream {
-    fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
+    fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
         // Read straight into the wire type; an error event, or one that
         // does not read, goes through a DOM to say which it is.
-        let response = match serde_json::from_str::<WireResponse>(&event.data) {
+        let response = match serde_json::from_str::<WireResponse>(event.data) {
             Ok(response) if !response.error => response,
             _ => {
-                let value = match json_event(&event.data) {
+                let value = match json_event(event.data) {
                     Ok(value) => value,
                     Err(error) => return items.push(StreamItem::Error(error)),
                 };

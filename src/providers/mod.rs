@@ -56,7 +56,7 @@ pub enum StreamItem {
 
 /// Translates provider SSE events.
 pub trait StreamTranslator {
-    fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>);
+    fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>);
 
     /// Whether the events are OpenAI chat chunks already, which
     /// [`crate::stream`] may copy member by member instead of translating.

@@ -152,7 +152,7 @@ impl StreamTranslator for OpenAiStream {
         true
     }
 
-    fn on_event(&mut self, event: &SseEvent, items: &mut Vec<StreamItem>) {
+    fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
         let data = event.data.trim();
         if data == "[DONE]" {
             items.push(StreamItem::Done);

@@ -380,9 +380,11 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if matches!(self.response, Response::Streaming | Response::Buffering) {
+        let first_bytes = body_size > 0 && self.first_byte_ns.is_none();
+        // The clock is read only when a time is taken: a stream has many callbacks.
+        if (first_bytes || end_of_stream) && matches!(self.response, Response::Streaming | Response::Buffering) {
             let now = host::now_nanos();
-            if body_size > 0 && self.first_byte_ns.is_none() {
+            if first_bytes {
                 self.first_byte_ns = Some(now);
             }
             if end_of_stream {

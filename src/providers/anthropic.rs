@@ -28,9 +28,13 @@ use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
 use crate::layout::{Layout, offset_in, only_whitespace_from};
 use crate::request::{ParsedRequest, bad_value};
+use crate::scan;
 use crate::sse::SseEvent;
 use crate::stream::{json_str, json_text, present};
 use crate::usage::Usage;
+
+mod walked;
+use walked::Members;
 
 /// The API version this module speaks.
 pub const VERSION: &str = "2023-06-01";
@@ -423,18 +427,62 @@ struct RawEvent<'a> {
 }
 
 /// A required member, read as `T`; `None` when absent, `null` or mistyped.
-fn member<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
-    serde_json::from_str(raw?.get()).ok()
+fn member<'a, T: Deserialize<'a>>(raw: Option<&'a str>) -> Option<T> {
+    serde_json::from_str(raw?).ok()
+}
+
+impl<'a> RawEvent<'a> {
+    fn members(self) -> Members<'a> {
+        Members {
+            kind: self.kind,
+            index: self.index.map(RawValue::get),
+            delta: self.delta.map(RawValue::get),
+            content_block: self.content_block.map(RawValue::get),
+            message: self.message.map(RawValue::get),
+            usage: self.usage.map(RawValue::get),
+            error: self.error.map(RawValue::get),
+            ..Members::default()
+        }
+    }
 }
 
 impl<'a> Event<'a> {
-    /// `None` when `data` is not an event this stream can read.
+    /// `None` when `data` is not an event this stream can read. The two
+    /// events that are mostly members nobody reads, `message_start` and
+    /// `message_delta`, are read by a walk ([`walked`]) when they open as
+    /// Anthropic writes them and the walk is sure; everything else by
+    /// serde, which reads a short event (a text delta) for less than the
+    /// walk and its callbacks do.
     fn parse(data: &'a str) -> Option<Event<'a>> {
+        let rest = data.as_bytes().get(17..).unwrap_or_default();
+        if scan::starts_with(data.as_bytes(), br#"{"type":"message_"#)
+            && (scan::starts_with(rest, br#"start","#) || scan::starts_with(rest, br#"delta","#))
+            && let Some(members) = walked::members(data)
+        {
+            return Event::read(members);
+        }
+        Event::parse_raw(data)
+    }
+
+    /// [`Event::parse`] by serde alone: what the walk must agree with.
+    fn parse_raw(data: &'a str) -> Option<Event<'a>> {
         let raw: RawEvent<'a> = serde_json::from_str(data).ok()?;
+        Event::read(raw.members())
+    }
+
+    /// The event its raw members make: what the walk read inside them,
+    /// and the rest read by serde.
+    fn read(raw: Members<'a>) -> Option<Event<'a>> {
         Some(match raw.kind.as_ref() {
-            "message_start" => Event::MessageStart {
-                message: member(raw.message)?,
-            },
+            "message_start" => {
+                let message = raw.message?;
+                Event::MessageStart {
+                    message: match raw.message_usage {
+                        Some(usage) => StartMessage { usage },
+                        None => member(Some(message))?,
+                    },
+                }
+            }
             "content_block_start" => Event::ContentBlockStart {
                 index: member(raw.index)?,
                 content_block: member(raw.content_block)?,
@@ -443,14 +491,25 @@ impl<'a> Event<'a> {
                 index: member(raw.index)?,
                 delta: Delta::parse(raw.delta?)?,
             },
-            "message_delta" => Event::MessageDelta {
-                delta: member(raw.delta)?,
-                // Absent and `null` both mean no usage; anything else must read.
-                usage: match raw.usage {
-                    Some(usage) => serde_json::from_str(usage.get()).ok()?,
-                    None => None,
-                },
-            },
+            "message_delta" => {
+                let delta = raw.delta?;
+                Event::MessageDelta {
+                    delta: match raw.stop_reason {
+                        Some(reason) => MessageDeltaBody {
+                            stop_reason: reason.map(str::to_string),
+                        },
+                        None => member(Some(delta))?,
+                    },
+                    // Absent and `null` both mean no usage; anything else must read.
+                    usage: match raw.usage {
+                        Some(usage) => match raw.usage_counts {
+                            Some(counts) => counts,
+                            None => serde_json::from_str(usage).ok()?,
+                        },
+                        None => None,
+                    },
+                }
+            }
             "message_stop" => Event::MessageStop,
             "error" => Event::Error {
                 error: member(raw.error)?,
@@ -500,8 +559,8 @@ struct RawDelta<'a> {
 }
 
 impl<'a> Delta<'a> {
-    fn parse(raw: &'a RawValue) -> Option<Delta<'a>> {
-        let delta: RawDelta<'a> = serde_json::from_str(raw.get()).ok()?;
+    fn parse(raw: &'a str) -> Option<Delta<'a>> {
+        let delta: RawDelta<'a> = serde_json::from_str(raw).ok()?;
         Some(match delta.kind.as_ref() {
             "text_delta" => {
                 let token = delta.text?;
@@ -604,8 +663,10 @@ pub struct AnthropicStream {
     text: String,
     /// The layout of the last text delta read whole, and its block index.
     last_text: Option<(Layout, u64)>,
-    /// Whether text deltas may be read by their layout (see [`Self::parsing_every_event`]).
-    by_layout: bool,
+    /// Whether events may be read the short ways: text deltas by their
+    /// layout, a `message_start` or `message_delta` by a walk (see
+    /// [`Self::parsing_every_event`]).
+    shortcuts: bool,
 }
 
 impl AnthropicStream {
@@ -618,15 +679,15 @@ impl AnthropicStream {
             usage: Usage::default(),
             text: String::new(),
             last_text: None,
-            by_layout: true,
+            shortcuts: true,
         }
     }
 
-    /// The same stream with every event parsed: what reading text deltas
-    /// by their layout must agree with (the tests and the fuzz targets
+    /// The same stream with every event parsed the one general way: what
+    /// the short ways must agree with (the tests and the fuzz targets
     /// compare the two).
     pub fn parsing_every_event(mut self) -> Self {
-        self.by_layout = false;
+        self.shortcuts = false;
         self
     }
 
@@ -742,13 +803,12 @@ impl StreamTranslator for AnthropicStream {
         let data = event.data;
         let parsed = match self.text_like_last(data) {
             Some(event) => Some(event),
-            None => {
+            None if self.shortcuts => {
                 let parsed = Event::parse(data);
-                if self.by_layout {
-                    self.last_text = parsed.as_ref().and_then(|event| text_layout(data, event));
-                }
+                self.last_text = parsed.as_ref().and_then(|event| text_layout(data, event));
                 parsed
             }
+            None => Event::parse_raw(data),
         };
         let event = match parsed {
             Some(event) => event,
@@ -1522,6 +1582,68 @@ mod tests {
                 .flatten()
                 .filter(|i| matches!(i, StreamItem::Content { .. }));
             assert!(texts.count() > 20);
+        }
+    }
+
+    #[test]
+    fn events_read_by_a_walk_are_the_events_serde_reads() {
+        let start = r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":7,"output_tokens":1}}}"#;
+        let delta = r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":9}}"#;
+        let data = [
+            start,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":3,"cache_read_input_tokens":4}},"index":"odd","error":null}   "#,
+            r#"{"type":"message_start","message":{}}"#,
+            r#"{"type":"message_start","message":null}"#,
+            r#"{"type":"message_start"}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":"x"}}}"#,
+            r#"{"type":"message_start","message":{"usage":{}},"message":{"usage":{}}}"#,
+            r#"{"type":"message_start","index":1,"index":2,"message":{"usage":{}}}"#,
+            r#"{"type":"message_start","type":"ping","message":{"usage":{}}}"#,
+            r#"{"type":"message_start","message":{"usage":{}}} x"#,
+            r#"{"type":"message_start","message":{"usage":{}}"#,
+            r#"{"type":"message_start_v2","message":{"usage":{}}}"#,
+            r#"{"type":"message\u005fstart","message":{"usage":{"input_tokens":11}}}"#,
+            r#"{"message":{"usage":{"input_tokens":12}},"type":"message_start"}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":null},"usage":null}"#,
+            r#"{"type":"message_delta","delta":{},"usage":{"output_tokens":2,"input_tokens":5}}"#,
+            r#"{"type":"message_delta","delta":null}"#,
+            r#"{"type":"message_delta","usage":{"output_tokens":2}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":5}}"#,
+            r#"{"type":"message_delta","delta":{},"usage":{"output_tokens":-1}}"#,
+            r#"{"type":"message_delta","delta":{},"delta":{}}"#,
+            r#"{"type":"message_delta","delta":{},"content_block":[1,2],"message":"m"}"#,
+            // What the walk leaves to serde, or must read as serde does.
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":1,"input_tokens":2}}}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":null,"input_tokens":3}}}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":null,"output_tokens":null}}}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":1.0}}}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":-0}}}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":1e2}}}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":18446744073709551615}}}"#,
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":18446744073709551616}}}"#,
+            r#"{"type":"message_start","message":{"usage":[1,2,3,4]}}"#,
+            r#"{"type":"message_start","message":[{"input_tokens":6}]}"#,
+            r#"["message_start",null,null,null,{"usage":{"input_tokens":8}}]"#,
+            r#"{"type":"message_start","message":{"us\u0061ge":{"input_tokens":9}}}"#,
+            r#"{"type":"message_start","message":{"usage":{"cache_creation":{"a":[{"b":null}]},"cache_creation_input_tokens":2,"cache_read_input_tokens":3,"input_tokens":4,"output_tokens":5,"x":"y"}}}"#,
+            "{\"type\":\"message_start\",\"message\":{\"usage\":{},\"id\":\"a\tb\"}}",
+            r#"{"type":"message_start","message":{"usage":{}}, "usage":5, "delta":"d", "error":{} }"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end\u005fturn"}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_reason":"x"}}"#,
+            r#"{"type":"message_delta","delta":["max_tokens"]}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":{"output_tokens":3,"output_tokens":4}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":[1]}"#,
+            r#"{"type":"message_delta","delta":{"stop_sequence":"x"},"usage":{"input_tokens":0}}"#,
+            delta,
+        ];
+        let json_mode = json!({"model": "claude/x", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object"}});
+        // In JSON mode the `end_turn` is an error too: the text is no object.
+        for (body, expected_errors) in [(hi(), 24), (json_mode, 25)] {
+            let (short, parsed) = items_both_ways(&body, &data);
+            assert_eq!(short, parsed);
+            let errors = short.iter().flatten().filter(|i| matches!(i, StreamItem::Error(_)));
+            assert_eq!(errors.count(), expected_errors, "{short:?}");
         }
     }
 

@@ -337,8 +337,7 @@ struct WireMessage {
 
 /// A content block; kinds the gateway does not translate (thinking, server
 /// tools) are read as `Other` and left out.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[derive(Debug)]
 enum Block {
     Text {
         text: String,
@@ -346,11 +345,52 @@ enum Block {
     ToolUse {
         id: String,
         name: String,
-        #[serde(default)]
+        /// `null` when the block has none.
         input: Value,
     },
-    #[serde(other)]
     Other,
+}
+
+/// A block's members, raw until its `type` says which to read: serde's
+/// internally tagged enum would first copy the whole block into a buffer
+/// of its own (a stream's `content_block_start` cost twice as much).
+#[derive(Deserialize)]
+struct RawBlock<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    name: Option<&'a RawValue>,
+    #[serde(borrow)]
+    input: Option<&'a RawValue>,
+}
+
+impl<'de> Deserialize<'de> for Block {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let raw = RawBlock::deserialize(d)?;
+        let required = |member: Option<&RawValue>, name: &'static str| {
+            let member = member.ok_or_else(|| D::Error::missing_field(name))?;
+            serde_json::from_str::<String>(member.get()).map_err(D::Error::custom)
+        };
+        Ok(match raw.kind.as_ref() {
+            "text" => Block::Text {
+                text: required(raw.text, "text")?,
+            },
+            "tool_use" => Block::ToolUse {
+                id: required(raw.id, "id")?,
+                name: required(raw.name, "name")?,
+                input: match raw.input {
+                    Some(input) => serde_json::from_str(input.get()).map_err(D::Error::custom)?,
+                    None => Value::Null,
+                },
+            },
+            _ => Block::Other,
+        })
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
@@ -1645,6 +1685,44 @@ mod tests {
             let errors = short.iter().flatten().filter(|i| matches!(i, StreamItem::Error(_)));
             assert_eq!(errors.count(), expected_errors, "{short:?}");
         }
+    }
+
+    #[test]
+    fn content_blocks_read_only_what_their_type_needs() {
+        let block = |json: &str| serde_json::from_str::<Block>(json).map_err(|e| e.to_string());
+        assert!(matches!(block(r#"{"text":"hi","type":"text","x":[1]}"#), Ok(Block::Text { text }) if text == "hi"));
+        assert!(matches!(block(r#"{"type":"text","text":"a\"b"}"#), Ok(Block::Text { text }) if text == "a\"b"));
+        assert!(
+            block(r#"{"type":"text"}"#)
+                .unwrap_err()
+                .contains("missing field `text`")
+        );
+        assert!(block(r#"{"type":"text","text":5}"#).is_err());
+        assert!(block(r#"{"type":"text","text":"a","text":"b"}"#).is_err());
+        assert!(matches!(
+            block(r#"{"type":"tool_use","id":"t1","name":"f"}"#),
+            Ok(Block::ToolUse { id, name, input: Value::Null }) if id == "t1" && name == "f"
+        ));
+        assert!(matches!(
+            block(r#"{"type":"tool_use","id":"t1","name":"f","input":{"a":[1]}}"#),
+            Ok(Block::ToolUse { input, .. }) if input == json!({"a": [1]})
+        ));
+        assert!(
+            block(r#"{"type":"tool_use","name":"f"}"#)
+                .unwrap_err()
+                .contains("missing field `id`")
+        );
+        // Kinds the gateway leaves out are read no further.
+        assert!(matches!(
+            block(r#"{"type":"thinking","thinking":"…","text":5}"#),
+            Ok(Block::Other)
+        ));
+        assert!(matches!(
+            block(r#"{"type":"server_tool_use","id":1}"#),
+            Ok(Block::Other)
+        ));
+        assert!(block(r#"{"text":"no type"}"#).is_err());
+        assert!(block("[]").is_err());
     }
 
     #[test]

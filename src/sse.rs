@@ -70,8 +70,13 @@ enum Line<'l> {
 }
 
 fn read_line(line: &[u8]) -> Line<'_> {
-    if line.is_empty() {
-        return Line::Blank;
+    // The lines of nearly every event, told by their first bytes (a slice
+    // comparison would be a call to wasm's byte-at-a-time `memcmp`).
+    match line {
+        [] => return Line::Blank,
+        [b'd', b'a', b't', b'a', b':', value @ ..] => return Line::Data(value.strip_prefix(b" ").unwrap_or(value)),
+        [b'e', b'v', b'e', b'n', b't', b':', ..] => return Line::Skipped,
+        _ => {}
     }
     let (name, value) = match scan::position_of(line, b':') {
         Some(at) => {

@@ -286,8 +286,8 @@ impl StreamRewriter {
     /// it out of the text, and with a credential of [`Scrubber::word`]
     /// characters that is not in [`Self::clean_template`], an occurrence
     /// elsewhere would have to sit in a run of word characters of the
-    /// chunk, which are the text's when it needed no escapes, the index's
-    /// digits, or the template's.
+    /// chunk, which are the text's (scrubbed again as written when it
+    /// needed escapes), the index's digits, or the template's.
     fn write_content(&mut self, index: u64, text: String, out: &mut Vec<u8>) -> bool {
         if self.stamp.op != Operation::Chat {
             let chunk = json!({"choices": [{"index": index, "delta": {"content": text}, "finish_reason": null}]});
@@ -305,14 +305,23 @@ impl StreamRewriter {
         if serde_json::to_writer(&mut *out, text.as_ref()).is_err() {
             log::error!("waygate: a stream chunk could not be encoded");
         }
-        let unescaped = out.len().wrapping_sub(before) == text.len().wrapping_add(2);
+        // Escapes can make the credential of word characters out of the
+        // text's (`\n` then `abc…` holds `nabc…`), but only between the
+        // string's quotes: that is all the scrub must look at.
+        let escaped = out.len().wrapping_sub(before) != text.len().wrapping_add(2);
+        if escaped
+            && self.clean_template
+            && let Some(scrubber) = &self.scrubber
+        {
+            scrubber.secret.scrub_from(out, before);
+        }
         if first {
             out.extend_from_slice(b",\"role\":\"assistant\"");
         }
         out.extend_from_slice(b"},\"finish_reason\":null,\"index\":");
         push_decimal(out, index);
         out.extend_from_slice(b"}]}\n\n");
-        unescaped && self.clean_template
+        self.clean_template
     }
 
     /// A chat chunk that finishes choice `index`, written as
@@ -741,7 +750,59 @@ pub(crate) fn json_text(raw: &str) -> Option<Cow<'_, str>> {
     if crate::scan::position_of(inner.as_bytes(), b'\\').is_none() {
         Some(Cow::Borrowed(inner))
     } else {
-        serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
+        unescape(inner).map(Cow::Owned)
+    }
+}
+
+/// The text of a JSON string's inside with escapes, as serde reads it into
+/// a `String` (serde's own reading, through its deserializer, cost as much
+/// as the rest of a text delta); `None` where serde would refuse it: an
+/// unknown escape, a lone surrogate, a control character or quote.
+fn unescape(inner: &str) -> Option<String> {
+    let bytes = inner.as_bytes();
+    let mut text = String::with_capacity(inner.len());
+    let mut at = 0;
+    loop {
+        let stop = crate::scan::string_stop_from(bytes, at);
+        text.push_str(inner.get(at..stop)?);
+        match bytes.get(stop) {
+            None => return Some(text),
+            Some(b'\\') => {}
+            Some(_) => return None,
+        }
+        let escape = *bytes.get(stop.wrapping_add(1))?;
+        at = stop.wrapping_add(2);
+        let c = match escape {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let unit = crate::split::hex4(bytes, at)?;
+                at = at.wrapping_add(4);
+                if (0xD800..0xDC00).contains(&unit) {
+                    // A high surrogate: its low one must follow at once.
+                    if bytes.get(at) != Some(&b'\\') || bytes.get(at.wrapping_add(1)) != Some(&b'u') {
+                        return None;
+                    }
+                    let low = crate::split::hex4(bytes, at.wrapping_add(2))?;
+                    if !(0xDC00..0xE000).contains(&low) {
+                        return None;
+                    }
+                    at = at.wrapping_add(6);
+                    char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00))?
+                } else {
+                    // A lone low surrogate is no char.
+                    char::from_u32(unit)?
+                }
+            }
+            _ => return None,
+        };
+        text.push(c);
     }
 }
 
@@ -1253,6 +1314,49 @@ mod tests {
             .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
             .collect();
         assert_eq!(pieces, ["cats", " sk", "s"]);
+    }
+
+    #[test]
+    fn escaped_strings_read_as_serde_reads_them() {
+        let mut insides: Vec<String> = [
+            r#"a\"b\\c\/d\be\ff\ng\rh\ti"#,
+            r#"\u0041\u00e9\u00E9\u20AC\uFFFF\u0000\u001f"#,
+            r#"\ud83d\ude00 pair \uD83D\uDE00"#,
+            r#"lone high \ud83d"#,
+            r#"lone high then text \ud83dx"#,
+            r#"high then high \ud83d\ud83d"#,
+            r#"high then escape \ud83d\n"#,
+            r#"high then past the lows \ud83d\ue000"#,
+            r#"high then below the lows \udbff\udbff"#,
+            r#"last pair \udbff\udfff"#,
+            r#"lone low \ude00"#,
+            r#"short \u12"#,
+            r#"bad hex \u12g4"#,
+            r#"unknown \x41"#,
+            r#"trailing \"#,
+            "raw control \n\u{1}",
+            r#"quote " inside \n"#,
+            "é ✓ 🎉 \\n after non-ASCII",
+            r#"\\\\\\"#,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        // Every escape of every code unit below 0x80, and each alone.
+        for unit in 0..0x80u32 {
+            insides.push(format!("x\\u{unit:04x}y\\u{unit:04X}"));
+            if let Some(c) = char::from_u32(unit) {
+                insides.push(format!("\\{c}"));
+            }
+        }
+        for inside in &insides {
+            let raw = format!("\"{inside}\"");
+            let serde = serde_json::from_str::<String>(&raw).ok();
+            assert_eq!(unescape(inside), serde, "{raw:?}");
+            if inside.contains('\\') {
+                assert_eq!(json_text(&raw).map(Cow::into_owned), serde, "{raw:?}");
+            }
+        }
     }
 
     #[test]

@@ -746,22 +746,23 @@ impl AnthropicStream {
         })
     }
 
-    fn content(&mut self, text: &str, items: &mut Vec<StreamItem>) {
+    /// A text delta (an unescaped one is already owned: no second copy).
+    fn content(&mut self, text: Cow<'_, str>, items: &mut Vec<StreamItem>) {
         if text.is_empty() {
             return;
         }
         if self.mode == Mode::Json {
-            self.text.push_str(text);
+            self.text.push_str(&text);
         }
         items.push(StreamItem::Content {
             index: 0,
-            text: text.to_string(),
+            text: text.into_owned(),
         });
     }
 
     fn block_start(&mut self, index: u64, block: Block, items: &mut Vec<StreamItem>) {
         match block {
-            Block::Text { text } if self.mode != Mode::SchemaTool => self.content(&text, items),
+            Block::Text { text } if self.mode != Mode::SchemaTool => self.content(Cow::Owned(text), items),
             Block::ToolUse { name, .. } if self.mode == Mode::SchemaTool && name == SCHEMA_TOOL => {
                 self.schema_block = Some(index);
             }
@@ -779,7 +780,7 @@ impl AnthropicStream {
     fn block_delta(&mut self, index: u64, delta: Delta, items: &mut Vec<StreamItem>) {
         match delta {
             // Text around the forced schema tool is not the answer.
-            Delta::Text(text, _) if self.mode != Mode::SchemaTool => self.content(&text, items),
+            Delta::Text(text, _) if self.mode != Mode::SchemaTool => self.content(text, items),
             Delta::InputJson(partial_json) if self.schema_block == Some(index) => {
                 if !partial_json.is_empty() {
                     items.push(StreamItem::Chunk(chat::chunk(

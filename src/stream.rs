@@ -28,7 +28,15 @@ use crate::sse::{DONE, SseDecoder, SseError, SseEvent, write_data};
 use crate::usage::Usage;
 
 mod chunk;
-use chunk::{Preamble, read_chunk};
+use chunk::{ChoiceRead, ChunkRead, Preamble, read_chunk};
+
+/// An empty list of another lifetime in `spare`'s allocation: std collects
+/// a vector's iterator in place when the items have one layout, and no item
+/// of an emptied list is mapped.
+fn recycle<T, U>(mut spare: Vec<T>) -> Vec<U> {
+    spare.clear();
+    spare.into_iter().filter_map(|_| None).collect()
+}
 
 /// Rewrites one provider stream.
 pub struct StreamRewriter {
@@ -50,6 +58,9 @@ pub struct StreamRewriter {
     copy_chunks: bool,
     /// What the last copied chunk held before its `choices`.
     preamble: Preamble,
+    /// The allocations of a copied chunk's lists, kept for the next.
+    spare_choices: Vec<ChoiceRead<'static>>,
+    spare_texts: Vec<Option<Option<Cow<'static, str>>>>,
     /// The extras of the chunk being copied, written (reused across chunks).
     extras: Vec<u8>,
     /// With a credential of word characters only, which none of the bytes
@@ -72,6 +83,8 @@ impl StreamRewriter {
             head: chunk_head(&stamp),
             copy_chunks,
             preamble: Preamble::default(),
+            spare_choices: Vec::new(),
+            spare_texts: Vec::new(),
             extras: Vec::new(),
             clean_template: false,
             stamp,
@@ -366,17 +379,33 @@ impl StreamRewriter {
         if !self.role_sent {
             return false;
         }
+        // The chunk's lists borrow it, so they cannot outlive it; their
+        // allocations are the stream's, for the next chunk.
         let mut extras = std::mem::take(&mut self.extras);
-        let copied = self.copy_read(data, &mut extras, out);
+        let mut texts = recycle(std::mem::take(&mut self.spare_texts));
+        let choices = recycle(std::mem::take(&mut self.spare_choices));
+        let copied = match read_chunk(data, &mut self.preamble, &mut extras, choices) {
+            Some(chunk) => {
+                let copied = self.copy_read(&chunk, &extras, &mut texts, out);
+                self.spare_choices = recycle(chunk.choices_read);
+                copied
+            }
+            None => false,
+        };
+        self.spare_texts = recycle(texts);
         self.extras = extras;
         copied
     }
 
-    /// [`Self::copy_chunk`], with the stream's buffer for the chunk's extras.
-    fn copy_read(&mut self, data: &str, extras: &mut Vec<u8>, out: &mut Vec<u8>) -> bool {
-        let Some(chunk) = read_chunk(data, &mut self.preamble, extras) else {
-            return false;
-        };
+    /// [`Self::copy_chunk`] of the chunk read, with its extras written and
+    /// a list for its texts.
+    fn copy_read<'a>(
+        &mut self,
+        chunk: &ChunkRead<'a>,
+        extras: &[u8],
+        texts: &mut Vec<Option<Option<Cow<'a, str>>>>,
+        out: &mut Vec<u8>,
+    ) -> bool {
         if chunk.error_or_usage {
             return false;
         }
@@ -389,7 +418,6 @@ impl StreamRewriter {
         }
         // Read every choice before the scrubber sees any: past this loop the
         // event can no longer go back to the translator.
-        let mut texts: Vec<Option<Option<Cow<str>>>> = Vec::with_capacity(views.len());
         for view in views {
             if view.text.is_some() {
                 return false;
@@ -415,7 +443,7 @@ impl StreamRewriter {
         // the common event costs no allocation here.
         let mut scrubbed: Vec<Option<(bool, String)>> = Vec::new();
         if let Some(scrubber) = self.scrubber.as_mut() {
-            for (position, (view, text)) in views.iter().zip(texts).enumerate() {
+            for (position, (view, text)) in views.iter().zip(texts.drain(..)).enumerate() {
                 let Some(text) = text else {
                     if !scrubbed.is_empty() {
                         scrubbed.push(None);
@@ -1314,6 +1342,17 @@ mod tests {
             .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
             .collect();
         assert_eq!(pieces, ["cats", " sk", "s"]);
+    }
+
+    #[test]
+    fn a_recycled_list_keeps_its_allocation() {
+        let texts: Vec<Option<Option<Cow<'static, str>>>> = Vec::with_capacity(3);
+        let text = String::from("borrowed by the next list");
+        let mut next: Vec<Option<Option<Cow<'_, str>>>> = recycle(texts);
+        assert!(next.is_empty() && next.capacity() >= 3);
+        next.push(Some(Some(Cow::Borrowed(&text))));
+        let spare: Vec<Option<Option<Cow<'static, str>>>> = recycle(next);
+        assert!(spare.is_empty() && spare.capacity() >= 3);
     }
 
     #[test]

@@ -70,13 +70,19 @@ struct ChoiceTemplate {
 /// delta neither an object nor `null`, or a member a choice repeats.
 /// `preamble` is what the last event read held, and becomes this one's;
 /// `extras` gets the extras read (after the preamble, those after it), as
-/// the copy writes them: a buffer the stream reuses, no list per chunk.
-pub(super) fn read_chunk<'a>(data: &'a str, preamble: &mut Preamble, extras: &mut Vec<u8>) -> Option<ChunkRead<'a>> {
+/// the copy writes them, and `choices_read` (empty) the choices: the
+/// stream's buffers, reused, no allocation per chunk.
+pub(super) fn read_chunk<'a>(
+    data: &'a str,
+    preamble: &mut Preamble,
+    extras: &mut Vec<u8>,
+    choices_read: Vec<ChoiceRead<'a>>,
+) -> Option<ChunkRead<'a>> {
     extras.clear();
     let mut chunk = ChunkRead {
         after_preamble: false,
         choices: None,
-        choices_read: Vec::new(),
+        choices_read,
         error_or_usage: false,
     };
     let known = !preamble.text.is_empty() && scan::starts_with(data.as_bytes(), preamble.text.as_bytes());

@@ -355,6 +355,11 @@ pub fn string_token_end(bytes: &[u8], at: usize) -> Option<usize> {
     string_end(bytes, at.wrapping_add(1), false)
 }
 
+/// Where the JSON number token at `at` ends, read as a raw walk reads it.
+pub fn number_token_end(bytes: &[u8], at: usize) -> Option<usize> {
+    number_end(bytes, at, false)
+}
+
 /// JSON's four whitespace bytes from `at`, as serde skips them: where they end.
 #[inline(always)]
 pub fn whitespace_from(bytes: &[u8], mut at: usize) -> usize {

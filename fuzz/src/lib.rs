@@ -17,6 +17,7 @@ use waygate::config::{Api, Config, Provider};
 use waygate::errors::ApiError;
 use waygate::limits::{SharedStore, StoreError};
 use waygate::providers::anthropic::AnthropicStream;
+use waygate::providers::gemini::GeminiStream;
 use waygate::providers::{self, StreamTranslator};
 use waygate::request::{self, Operation, ParsedRequest};
 use waygate::stream::StreamRewriter;
@@ -244,6 +245,16 @@ pub fn check_stream_target(api: Api, data: &[u8]) {
             String::from_utf8_lossy(&whole),
             String::from_utf8_lossy(&out),
             "text deltas read by their layout and parsed differ"
+        );
+    }
+    if api == Api::Gemini {
+        // Chunks read by the last one's layout agree with every chunk parsed.
+        let translator = Box::new(GeminiStream::new(&request).parsing_every_event());
+        let out = rewrite_with(translator, &request, redact, &[payload]);
+        assert_eq!(
+            String::from_utf8_lossy(&whole),
+            String::from_utf8_lossy(&out),
+            "chunks read by their layout and parsed differ"
         );
     }
     // Text deltas written without a DOM are byte for byte what their DOM gives.

@@ -32,6 +32,10 @@ use crate::request::{ParsedRequest, bad_value};
 use crate::sse::SseEvent;
 use crate::usage::Usage;
 
+mod text_chunk;
+mod walked;
+use text_chunk::TextChunk;
+
 /// Google's documented stand-in for a thought signature, for function calls
 /// that did not come from Gemini (another provider answered that turn, or
 /// the client made the id up). Gemini 3 refuses such calls without one.
@@ -573,6 +577,14 @@ pub struct GeminiStream {
     /// `n`: how many candidates must finish.
     expected: u64,
     candidates: Vec<CandidateState>,
+    /// The layout of the last chunk the walk read, when it was a plain
+    /// text chunk; where a chunk's tokens are (scratch, for each way).
+    last_text: Option<TextChunk>,
+    spans: Vec<(usize, usize)>,
+    found: Vec<walked::Span>,
+    /// Whether chunks may be read by a walk and by the last one's layout
+    /// (see [`Self::parsing_every_event`]).
+    shortcuts: bool,
 }
 
 #[derive(Default, Clone)]
@@ -587,7 +599,39 @@ impl GeminiStream {
             // Built when the request was: the body was read then.
             expected: request.body().map_or(1, chat::n).clamp(1, MAX_CANDIDATES),
             candidates: Vec::new(),
+            last_text: None,
+            spans: Vec::new(),
+            found: Vec::new(),
+            shortcuts: true,
         }
+    }
+
+    /// The same stream with every chunk read by serde: what reading chunks
+    /// by a walk and by the last one's layout must agree with (the tests
+    /// and the fuzz targets compare the two).
+    pub fn parsing_every_event(mut self) -> Self {
+        self.shortcuts = false;
+        self
+    }
+
+    /// A chunk read the short ways: by the last one's layout, else by a
+    /// walk (which leaves its layout for the next); `None`: serde's to read.
+    fn read_short(&mut self, data: &str) -> Option<WireResponse> {
+        if !self.shortcuts {
+            return None;
+        }
+        if let Some(response) = self
+            .last_text
+            .as_ref()
+            .and_then(|last| last.read(data, &mut self.spans))
+        {
+            return Some(response);
+        }
+        let response = walked::response(data, &mut self.found);
+        self.last_text = response
+            .as_ref()
+            .and_then(|response| TextChunk::of(data, response, &self.found));
+        response
     }
 
     fn state(&mut self, index: u64) -> Option<&mut CandidateState> {
@@ -610,9 +654,14 @@ impl GeminiStream {
 
 impl StreamTranslator for GeminiStream {
     fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
-        // Read straight into the wire type; an error event, or one that
-        // does not read, goes through a DOM to say which it is.
-        let response = match serde_json::from_str::<WireResponse>(event.data) {
+        // Read the short ways, or straight into the wire type by serde; an
+        // error event, or one that does not read, goes through a DOM to say
+        // which it is.
+        let read = match self.read_short(event.data) {
+            Some(response) => Ok(response),
+            None => serde_json::from_str::<WireResponse>(event.data),
+        };
+        let response = match read {
             Ok(response) if !response.error => response,
             _ => {
                 let value = match json_event(event.data) {
@@ -1267,6 +1316,192 @@ mod tests {
         let cut = input.rfind("data: ").unwrap();
         let events = stream(&b, &input.as_bytes()[..cut], true);
         assert!(events.last().unwrap().contains("stream_interrupted"));
+    }
+
+    #[test]
+    fn chunks_read_by_a_walk_are_the_chunks_serde_reads() {
+        let text =
+            |part: &str| format!(r#"{{"candidates":[{{"content":{{"parts":[{part}],"role":"model"}},"index":0}}]}}"#);
+        let mut data: Vec<String> = [
+            r#"{"text":"plain"}"#,
+            r#"{"text":"esc\"aped\n \u00e9 \ud83d\ude00"}"#,
+            r#"{"text":"lone \udc00"}"#,
+            r#"{"text":null}"#,
+            r#"{"text":5}"#,
+            r#"{"text":"a","text":"b"}"#,
+            r#"{"text":"hidden","thought":true}"#,
+            r#"{"text":"shown","thought":false,"thoughtSignature":"c2ln"}"#,
+            r#"{"text":"t","thought":null}"#,
+            r#"{"text":"t","thought":1}"#,
+            r#"{"text":"t","functionCall":null}"#,
+            r#"{"functionCall":{"name":"f","args":{"a":[1,2]}},"thoughtSignature":"c2ln"}"#,
+            r#"{"text":"x"},{"text":"y"}"#,
+            "null",
+            r#"["text"]"#,
+        ]
+        .iter()
+        .map(|part| text(part))
+        .collect();
+        for chunk in [
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":3,"candidatesTokenCount":4,"thoughtsTokenCount":5,"toolUsePromptTokenCount":6,"x":[{}]},"responseId":"r"}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"finishReason":"MAX_TOKENS","index":1}]}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":0,"index":1}]}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":1.0}]}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":-0}]}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":null}]}"#,
+            r#"{"candidates":[{"content":{"parts":null}}]}"#,
+            r#"{"candidates":[{"content":{"role":"model"}}]}"#,
+            r#"{"candidates":[{"content":null,"finishReason":"SAFETY"}]}"#,
+            r#"{"candidates":[{"content":{"parts":[]},"content":{"parts":[]}}]}"#,
+            r#"{"candidates":[null]}"#,
+            r#"{"candidates":null,"promptFeedback":{"blockReason":"SAFETY"}}"#,
+            r#"{"candidates":[],"promptFeedback":{"blockReason":null}}"#,
+            r#"{"promptFeedback":{"blockReason":"OTHER","blockReason":"X"}}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":1,"promptTokenCount":2}}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":null,"promptTokenCount":2}}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":18446744073709551616}}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"totalTokenCount":1,"totalTokenCount":2.5e1}}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":null,"responseId":null}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"responseId":"r\u0031"}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"error":null}"#,
+            r#"{"error":{"code":429,"message":"slow down","status":"RESOURCE_EXHAUSTED"}}"#,
+            r#"{"candid\u0061tes":[{"content":{"parts":[{"text":"escaped name"}]}}]}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}]} x"#,
+            r#"[{"candidates":[]}]"#,
+        ] {
+            data.push(chunk.to_string());
+        }
+        let body = json!({"model": "g/x", "n": 2, "messages": [{"role": "user", "content": "hi"}], "stream": true});
+        let req = chat(body);
+        let (mut errors, mut texts) = (0, 0);
+        for d in &data {
+            // Each chunk opens a stream of its own: no layout is at play.
+            let mut walked = GeminiStream::new(&req);
+            let mut parsed = GeminiStream::new(&req).parsing_every_event();
+            let event = SseEvent {
+                data: d,
+                multiline: false,
+            };
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            walked.on_event(&event, &mut a);
+            parsed.on_event(&event, &mut b);
+            assert_eq!(a, b, "{d}");
+            errors += a.iter().filter(|i| matches!(i, StreamItem::Error(_))).count();
+            texts += a.iter().filter(|i| matches!(i, StreamItem::Content { .. })).count();
+        }
+        assert!(errors >= 10 && texts >= 15, "{errors} errors, {texts} texts");
+    }
+
+    #[test]
+    fn chunks_read_by_the_last_ones_layout_are_the_chunks_parsed() {
+        let mut data: Vec<String> = Vec::new();
+        for fixture in [
+            include_str!("../../tests/fixtures/gemini/stream_generate_content.sse"),
+            include_str!("../../tests/fixtures/gemini/stream_generate_content_parallel_function_calls.sse"),
+        ] {
+            data.extend(
+                fixture
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .map(str::to_string),
+            );
+        }
+        let chunk = |text: &str, usage: &str| {
+            format!(
+                r#"{{"candidates": [{{"content": {{"parts": [{{"text": {text}}}],"role": "model"}},"index": 0}}],"usageMetadata": {{{usage},"promptTokensDetails": [{{"modality": "TEXT","tokenCount": 7}}]}},"responseId": "r1"}}"#
+            )
+        };
+        let counts = r#""promptTokenCount": 7,"candidatesTokenCount": 3,"totalTokenCount": 10"#;
+        for (text, usage) in [
+            (r#""one""#, counts),
+            (
+                r#""two""#,
+                r#""promptTokenCount": 7,"candidatesTokenCount": 4,"totalTokenCount": 11"#,
+            ),
+            (r#""esc\"aped \u00e9 \ud83d\ude00\n""#, counts),
+            (r#""lone \udc00""#, counts),
+            (r#""bad \q""#, counts),
+            ("null", counts),
+            ("5", counts),
+            (r#""""#, counts),
+            (
+                r#""count with a fraction""#,
+                r#""promptTokenCount": 7,"candidatesTokenCount": 4.5,"totalTokenCount": 11"#,
+            ),
+            (
+                r#""negative""#,
+                r#""promptTokenCount": 7,"candidatesTokenCount": -4,"totalTokenCount": 11"#,
+            ),
+            (
+                r#""unread number any""#,
+                r#""promptTokenCount": 7,"candidatesTokenCount": 4,"totalTokenCount": -1.5e3"#,
+            ),
+            (
+                r#""too big""#,
+                r#""promptTokenCount": 18446744073709551616,"candidatesTokenCount": 4,"totalTokenCount": 11"#,
+            ),
+            (
+                r#""count as text""#,
+                r#""promptTokenCount": "7","candidatesTokenCount": 4,"totalTokenCount": 11"#,
+            ),
+            (r#""after the odd ones""#, counts),
+            (
+                r#""null count""#,
+                r#""promptTokenCount": null,"candidatesTokenCount": 4,"totalTokenCount": 11"#,
+            ),
+            (
+                r#""null again""#,
+                r#""promptTokenCount": null,"candidatesTokenCount": 5,"totalTokenCount": 12"#,
+            ),
+            (
+                r#""thoughts""#,
+                r#""promptTokenCount": 1,"thoughtsTokenCount": 9,"toolUsePromptTokenCount": 2"#,
+            ),
+            (
+                r#""thoughts again""#,
+                r#""promptTokenCount": 1,"thoughtsTokenCount": 10,"toolUsePromptTokenCount": 3"#,
+            ),
+        ] {
+            data.push(chunk(text, usage));
+        }
+        let one = chunk(r#""x""#, counts);
+        for other in [
+            one.replacen(r#""text": "x""#, r#""text": "x","thought": true"#, 1),
+            one.replacen(r#""text": "x""#, r#""text": "y","text": "x""#, 1),
+            one.replacen(r#""index": 0"#, r#""index": 0,"finishReason": "MAX_TOKENS""#, 1),
+            one.replacen(r#""responseId": "r1""#, r#""responseId": "r1","error": null"#, 1),
+            format!("{one}   "),
+            format!("{one} x"),
+            one.replacen("usageMetadata", r"usageMetad\u0061ta", 1),
+            r#"{"usageMetadata": {"candidatesTokenCount": 2},"candidates": [{"content": {"parts": [{"text": "usage first"}]}}]}"#.into(),
+            r#"{"usageMetadata": {"candidatesTokenCount": 3},"candidates": [{"content": {"parts": [{"text": "and again"}]}}]}"#.into(),
+            chunk(r#""last""#, counts),
+        ] {
+            data.push(other);
+        }
+        let body = json!({"model": "g/x", "messages": [{"role": "user", "content": "hi"}], "stream": true});
+        let req = chat(body);
+        let mut by_layout = GeminiStream::new(&req);
+        let mut parsed = GeminiStream::new(&req).parsing_every_event();
+        let (mut errors, mut texts) = (0, 0);
+        for d in &data {
+            let event = SseEvent {
+                data: d,
+                multiline: false,
+            };
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            by_layout.on_event(&event, &mut a);
+            parsed.on_event(&event, &mut b);
+            assert_eq!(a, b, "{d}");
+            errors += a.iter().filter(|i| matches!(i, StreamItem::Error(_))).count();
+            texts += a.iter().filter(|i| matches!(i, StreamItem::Content { .. })).count();
+            if a.iter().any(|i| matches!(i, StreamItem::Error(_) | StreamItem::Done)) {
+                // The stream ended: the next chunks start another (the layout kept).
+                by_layout.candidates.clear();
+                parsed.candidates.clear();
+            }
+        }
+        assert!(errors >= 6 && texts >= 15, "{errors} errors, {texts} texts");
     }
 
     #[test]

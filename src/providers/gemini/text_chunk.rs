@@ -1,0 +1,148 @@
+//! Gemini text chunks read from the last one's layout: a stream's chunks
+//! repeat each other byte for byte but for the text and the usage counts
+//! (and reading one with serde costs far more than comparing it with the
+//! last). A chunk the walk read ([`super::walked`]) whose one candidate
+//! says one text part and nothing else becomes a [`TextChunk`]: its bytes
+//! around the text and around each number of its `usageMetadata`
+//! ([`Holes`]). A chunk laid out the same way is that chunk with another
+//! text and other numbers; any other chunk is read the long way, and may
+//! leave its own layout.
+
+use super::walked::Span;
+use super::{Candidate, Content, UsageMetadata, WirePart, WireResponse};
+use crate::layout::{Holes, Token};
+use crate::stream::json_text;
+
+/// A text chunk's layout, and what it held that its holes do not.
+pub(super) struct TextChunk {
+    holes: Holes,
+    /// What each hole holds, in order.
+    roles: Vec<Role>,
+    index: Option<u64>,
+    /// The chunk had `usageMetadata` (its counts are holes or fixed `null`s).
+    usage: bool,
+    response_id: Option<String>,
+}
+
+/// What a token of a chunk holds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Role {
+    Text,
+    PromptCount,
+    ToolUsePromptCount,
+    CandidatesCount,
+    ThoughtsCount,
+    /// A number the stream does not read (`totalTokenCount`, say).
+    Unread,
+}
+
+impl Role {
+    /// The role of `usageMetadata`'s member `name`.
+    pub(super) fn of_count(name: &str) -> Role {
+        match name {
+            "promptTokenCount" => Role::PromptCount,
+            "toolUsePromptTokenCount" => Role::ToolUsePromptCount,
+            "candidatesTokenCount" => Role::CandidatesCount,
+            "thoughtsTokenCount" => Role::ThoughtsCount,
+            _ => Role::Unread,
+        }
+    }
+
+    /// A bit of its own, to tell a member given twice.
+    pub(super) fn bit(self) -> u8 {
+        match self {
+            Role::Text => 1,
+            Role::PromptCount => 2,
+            Role::ToolUsePromptCount => 4,
+            Role::CandidatesCount => 8,
+            Role::ThoughtsCount => 16,
+            Role::Unread => 32,
+        }
+    }
+}
+
+impl TextChunk {
+    /// The layout of `data`, which the walk read as `response` with its
+    /// tokens at `spans` (in order), when that is a plain text chunk: one
+    /// candidate, not finished, one part with a text and nothing else the
+    /// stream reads, no prompt feedback, no error.
+    pub(super) fn of(data: &str, response: &WireResponse, spans: &[Span]) -> Option<TextChunk> {
+        let [candidate] = response.candidates.as_deref()? else {
+            return None;
+        };
+        let [part] = candidate.content.as_ref()?.parts.as_slice() else {
+            return None;
+        };
+        let plain = part.text.is_some() && !part.thought && part.function_call.is_none();
+        if !plain
+            || response.error
+            || part.thought_signature.is_some()
+            || candidate.finish_reason.is_some()
+            || response.prompt_feedback.is_some()
+            || spans.iter().filter(|(_, _, role)| *role == Role::Text).count() != 1
+        {
+            return None;
+        }
+        let holes = spans
+            .iter()
+            .map(|(start, end, role)| {
+                let token = if *role == Role::Text {
+                    Token::String
+                } else {
+                    Token::Number
+                };
+                (*start, *end, token)
+            })
+            .collect();
+        Some(TextChunk {
+            holes: Holes::around(data, holes)?,
+            roles: spans.iter().map(|(_, _, role)| *role).collect(),
+            index: candidate.index,
+            usage: response.usage_metadata.is_some(),
+            response_id: response.response_id.clone(),
+        })
+    }
+
+    /// `data` as serde would read it, when it is laid out as this chunk
+    /// and its holes read as serde reads them; `spans` is scratch space.
+    pub(super) fn read(&self, data: &str, spans: &mut Vec<(usize, usize)>) -> Option<WireResponse> {
+        self.holes.read(data, spans)?;
+        let mut text = None;
+        let mut usage = UsageMetadata {
+            prompt_token_count: None,
+            tool_use_prompt_token_count: None,
+            candidates_token_count: None,
+            thoughts_token_count: None,
+        };
+        for ((start, end), role) in spans.iter().zip(&self.roles) {
+            let token = data.get(*start..*end)?;
+            // A count must be what serde reads as a u64 (no fraction, sign or exponent).
+            let count = || token.parse::<u64>().ok().map(Some);
+            match role {
+                Role::Text => text = Some(json_text(token)?.into_owned()),
+                Role::PromptCount => usage.prompt_token_count = count()?,
+                Role::ToolUsePromptCount => usage.tool_use_prompt_token_count = count()?,
+                Role::CandidatesCount => usage.candidates_token_count = count()?,
+                Role::ThoughtsCount => usage.thoughts_token_count = count()?,
+                Role::Unread => {}
+            }
+        }
+        let part = WirePart {
+            text: Some(text?),
+            thought: false,
+            function_call: None,
+            thought_signature: None,
+        };
+        Some(WireResponse {
+            candidates: Some(vec![Candidate {
+                content: Some(Content { parts: vec![part] }),
+                finish_reason: None,
+                index: self.index,
+            }]),
+            prompt_feedback: None,
+            usage_metadata: self.usage.then_some(usage),
+            response_id: self.response_id.clone(),
+            error: false,
+        })
+    }
+}

@@ -72,6 +72,12 @@ pub fn position_of_either(bytes: &[u8], a: u8, b: u8) -> Option<usize> {
     first(bytes, |w| zero_lanes(w ^ pa) | zero_lanes(w ^ pb), |x| x == a || x == b)
 }
 
+/// The first byte of `bytes` below `n` (`n` at most 0x80): one test per
+/// word where a search for two bytes takes two.
+pub fn position_below(bytes: &[u8], n: u8) -> Option<usize> {
+    first(bytes, |w| lanes_below(w, n), |b| b < n)
+}
+
 /// Where the run of plain JSON string text starting at `at` ends: the index
 /// of its first quote, backslash or control character (below 0x20, which
 /// JSON forbids unescaped), or `bytes.len()`.
@@ -139,6 +145,12 @@ mod tests {
             }
         }
         assert_eq!(position_of(b"", b'a'), None);
+        for start in 0..hay.len() {
+            let tail = &hay[start..];
+            for n in [1, 0x0e, 0x20, 0x80] {
+                assert_eq!(position_below(tail, n), tail.iter().position(|b| *b < n), "{n}");
+            }
+        }
         let text: Vec<u8> = (0..75u32)
             .map(|i| [b'a', b'"', 0x1f, b'\\', 0x20, 0xff, 0x80, 0][(i * 7 % 13 % 8) as usize])
             .collect();

@@ -59,6 +59,20 @@ impl Default for SseDecoder {
     }
 }
 
+/// Where the first line of `bytes` ends: its `\n` or `\r`. The search
+/// stops at any byte below 0x0E (one test per word, where two bytes take
+/// two) and goes on past the others (a tab, rarely anything else).
+fn line_end(bytes: &[u8]) -> Option<usize> {
+    let mut from = 0usize;
+    loop {
+        let at = from.wrapping_add(scan::position_below(bytes.get(from..)?, 0x0E)?);
+        if matches!(bytes.get(at), Some(b'\n' | b'\r')) {
+            return Some(at);
+        }
+        from = at.wrapping_add(1);
+    }
+}
+
 /// What one complete line says.
 enum Line<'l> {
     /// A blank line: the event ends.
@@ -123,7 +137,7 @@ impl SseDecoder {
         // yet copied: if its blank line is here too, it is handed out as is.
         let mut in_place: Option<&'c str> = None;
         loop {
-            let Some(at) = scan::position_of_either(chunk, b'\n', b'\r') else {
+            let Some(at) = line_end(chunk) else {
                 if let Some(text) = in_place {
                     self.data.push_str(text);
                 }
@@ -362,6 +376,14 @@ pub(crate) mod tests {
         let input = b"data: \xff!\n\ndata: a\nid: 1\n\ndata: b\ndata: c\n\n: x\ndata: d\r\n\r\ndata: e";
         let expect = vec![ev("\u{fffd}!"), ev("a"), ev("b\nc"), ev("d"), ev("e")];
         assert_eq!(decode_all(input), expect);
+    }
+
+    #[test]
+    fn only_line_feeds_and_carriage_returns_end_lines() {
+        // The line search stops at every byte below 0x0E and must go on
+        // past those that end nothing.
+        let input = b"data: a\tb\x0bc\x0cd\x00e\x01\n\ndata: \t\r\n\r\n";
+        assert_eq!(decode_all(input), vec![ev("a\tb\u{b}c\u{c}d\u{0}e\u{1}"), ev("\t")]);
     }
 
     #[test]

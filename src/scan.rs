@@ -66,12 +66,6 @@ pub fn position_of(bytes: &[u8], byte: u8) -> Option<usize> {
     first(bytes, |w| zero_lanes(w ^ pattern), |b| b == byte)
 }
 
-/// The first byte of `bytes` that is `a` or `b`.
-pub fn position_of_either(bytes: &[u8], a: u8, b: u8) -> Option<usize> {
-    let (pa, pb) = (ONES.wrapping_mul(u64::from(a)), ONES.wrapping_mul(u64::from(b)));
-    first(bytes, |w| zero_lanes(w ^ pa) | zero_lanes(w ^ pb), |x| x == a || x == b)
-}
-
 /// The first byte of `bytes` below `n` (`n` at most 0x80): one test per
 /// word where a search for two bytes takes two.
 pub fn position_below(bytes: &[u8], n: u8) -> Option<usize> {
@@ -136,12 +130,6 @@ mod tests {
             let tail = &hay[start..];
             for byte in [b'a', b'\n', 0xff, b'\r', 0, b'z', b'q'] {
                 assert_eq!(position_of(tail, byte), tail.iter().position(|x| *x == byte));
-            }
-            for (a, b) in [(b'\n', b'\r'), (0, 0xff), (b'q', b'z')] {
-                assert_eq!(
-                    position_of_either(tail, a, b),
-                    tail.iter().position(|x| *x == a || *x == b)
-                );
             }
         }
         assert_eq!(position_of(b"", b'a'), None);

@@ -355,6 +355,14 @@ pub fn string_token_end(bytes: &[u8], at: usize) -> Option<usize> {
     string_end(bytes, at.wrapping_add(1), false)
 }
 
+/// A number token a walk read (so JSON number syntax: no sign but `-`, no
+/// leading zero) as serde reads it into a `u64`: digits only. `None` for a
+/// fraction, an exponent, a negative number or one past `u64`, which serde
+/// refuses or reads another way.
+pub fn plain_u64(number: &str) -> Option<u64> {
+    number.parse().ok()
+}
+
 /// Where the JSON number token at `at` ends, read as a raw walk reads it.
 pub fn number_token_end(bytes: &[u8], at: usize) -> Option<usize> {
     number_end(bytes, at, false)

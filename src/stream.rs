@@ -99,9 +99,9 @@ impl StreamRewriter {
             // and index: the head, the members, the role.
             let mut template = Vec::new();
             self.begin_chunk(&mut template);
-            template.extend_from_slice(
-                b"[{\"delta\":{\"content\":\"\",\"role\":\"assistant\"},\"finish_reason\":null,\"index\":0}]}\n\n",
-            );
+            for part in [CONTENT_OPEN, b"\"\"", ROLE, CONTENT_CLOSE, b"0", CHUNK_CLOSE] {
+                template.extend_from_slice(part);
+            }
             self.clean_template = scrubber.word && !scrubber.secret.occurs_in(&template);
             self.scrubber = Some(scrubber);
         }
@@ -313,7 +313,7 @@ impl StreamRewriter {
             None => Cow::Borrowed(text.as_str()),
         };
         self.begin_chunk(out);
-        out.extend_from_slice(b"[{\"delta\":{\"content\":");
+        out.extend_from_slice(CONTENT_OPEN);
         let before = out.len();
         if serde_json::to_writer(&mut *out, text.as_ref()).is_err() {
             log::error!("waygate: a stream chunk could not be encoded");
@@ -329,11 +329,11 @@ impl StreamRewriter {
             scrubber.secret.scrub_from(out, before);
         }
         if first {
-            out.extend_from_slice(b",\"role\":\"assistant\"");
+            out.extend_from_slice(ROLE);
         }
-        out.extend_from_slice(b"},\"finish_reason\":null,\"index\":");
+        out.extend_from_slice(CONTENT_CLOSE);
         push_decimal(out, index);
-        out.extend_from_slice(b"}]}\n\n");
+        out.extend_from_slice(CHUNK_CLOSE);
         self.clean_template
     }
 
@@ -364,7 +364,7 @@ impl StreamRewriter {
         }
         out.extend_from_slice(b",\"index\":");
         push_decimal(out, index);
-        out.extend_from_slice(b"}]}\n\n");
+        out.extend_from_slice(CHUNK_CLOSE);
     }
 
     /// An OpenAI chat chunk after the first, copied: the stream's own id,
@@ -527,6 +527,15 @@ impl StreamRewriter {
         out.extend_from_slice(b"}\n\n");
     }
 }
+
+/// The bytes a text delta's chunk is written with after the stream's head
+/// ([`StreamRewriter::write_content`]), and with which
+/// [`StreamRewriter::redacting`] makes its template: the text, the role on
+/// the first, the index between them.
+const CONTENT_OPEN: &[u8] = b"[{\"delta\":{\"content\":";
+const ROLE: &[u8] = b",\"role\":\"assistant\"";
+const CONTENT_CLOSE: &[u8] = b"},\"finish_reason\":null,\"index\":";
+const CHUNK_CLOSE: &[u8] = b"}]}\n\n";
 
 /// `n` in decimal, as serde writes it: `write!` costs more in wasm than the
 /// rest of a text delta's chunk.

@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 
 use super::WireUsage;
-use crate::split::Walk;
+use crate::split::{Walk, plain_u64};
 
 /// The members of an event that [`super::RawEvent`] names, raw, and what a
 /// walk read inside them (`None`: not read, serde's to read).
@@ -117,9 +117,7 @@ fn counts(w: &mut Walk<'_>) -> Option<Option<WireUsage>> {
         given |= bit;
         *slot = match w.value()? {
             "null" => None,
-            // The walk vouches for JSON number syntax (no sign, no leading
-            // zero); a fraction, an exponent or a negative one is serde's.
-            digits => Some(digits.parse::<u64>().ok()?),
+            number => Some(plain_u64(number)?),
         };
         Some(())
     })?;

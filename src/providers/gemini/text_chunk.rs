@@ -11,6 +11,7 @@
 use super::walked::Span;
 use super::{Candidate, Content, UsageMetadata, WirePart, WireResponse};
 use crate::layout::{Holes, Token};
+use crate::split::plain_u64;
 use crate::stream::json_text;
 
 /// A text chunk's layout, and what it held that its holes do not.
@@ -116,8 +117,7 @@ impl TextChunk {
         };
         for ((start, end), role) in spans.iter().zip(&self.roles) {
             let token = data.get(*start..*end)?;
-            // A count must be what serde reads as a u64 (no fraction, sign or exponent).
-            let count = || token.parse::<u64>().ok().map(Some);
+            let count = || plain_u64(token).map(Some);
             match role {
                 Role::Text => text = Some(json_text(token)?.into_owned()),
                 Role::PromptCount => usage.prompt_token_count = count()?,

@@ -13,7 +13,7 @@
 use super::text_chunk::Role;
 use super::{Candidate, Content, PromptFeedback, UsageMetadata, WirePart, WireResponse};
 use crate::layout::offset_in;
-use crate::split::Walk;
+use crate::split::{Walk, plain_u64};
 use crate::stream::json_text;
 
 /// Where a token of the chunk is, and what it holds.
@@ -235,13 +235,11 @@ fn string<'a>(w: &mut Walk<'a>) -> Option<Option<(String, &'a str)>> {
     }
 }
 
-/// An optional count: `null`, or a plain `u64` and its token (the walk
-/// vouches for JSON number syntax: no sign, no leading zero; a fraction,
-/// an exponent or a negative number is serde's).
+/// An optional count: `null`, or a plain `u64` and its token.
 fn count<'a>(w: &mut Walk<'a>) -> Option<Option<(u64, &'a str)>> {
     match w.value()? {
         "null" => Some(None),
-        digits => digits.parse::<u64>().ok().map(|n| Some((n, digits))),
+        number => plain_u64(number).map(|n| Some((n, number))),
     }
 }
 

@@ -8,6 +8,7 @@
 use serde::{Deserialize, Deserializer};
 
 use crate::glob::Glob;
+use crate::providers::LayoutCache;
 
 /// Which wire API a provider speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -67,6 +68,8 @@ pub struct Provider {
     pub legacy_completions: bool,
     pub timeout_ms: u64,
     pub default_max_tokens: u64,
+    /// How the provider's stream events were laid out, learned by its streams.
+    pub layouts: LayoutCache,
 }
 
 /// A model id served by an ordered list of provider endpoints.
@@ -296,6 +299,7 @@ fn validate_providers(
             legacy_completions: p.legacy_completions.unwrap_or(false),
             timeout_ms,
             default_max_tokens,
+            layouts: LayoutCache::default(),
         });
     }
     providers

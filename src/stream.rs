@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use crate::answer::{Stamp, text_stream_choice};
 use crate::errors::ApiError;
 use crate::providers::openai::interrupted;
-use crate::providers::{StreamItem, StreamTranslator};
+use crate::providers::{Learned, StreamItem, StreamTranslator};
 use crate::redact::{self, REDACTED};
 use crate::request::Operation;
 use crate::sse::{DONE, SseDecoder, SseError, SseEvent, write_data};
@@ -111,6 +111,12 @@ impl StreamRewriter {
     /// Usage seen so far (for the access log and limits).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// The layouts of the provider's events the translator learned, for
+    /// the provider's next stream.
+    pub fn learned(&mut self) -> Option<Learned> {
+        self.translator.learned()
     }
 
     /// Whether the stream ended, cleanly or with the error event.

@@ -143,7 +143,7 @@ pub fn stamp(op: Operation) -> Stamp {
 }
 
 pub fn translator(api: Api, request: &ParsedRequest) -> Box<dyn StreamTranslator> {
-    providers::stream_translator(api, request)
+    providers::stream_translator(api, request, None)
 }
 
 /// Splits fuzz input into a chunk plan and a payload: the first byte's low

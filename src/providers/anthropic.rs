@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 
 use super::chat::{self, ImageSource, Message, Part, ResponseFormat, ToolChoice};
 use super::openai::interrupted;
-use super::{ErrorDetails, StreamItem, StreamTranslator, UpstreamRequest};
+use super::{ErrorDetails, Learned, StreamItem, StreamTranslator, UpstreamRequest};
 use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
 use crate::layout::{Layout, offset_in, only_whitespace_from};
@@ -701,12 +701,20 @@ pub struct AnthropicStream {
     usage: Usage,
     /// In `Json` mode, the text so far: checked once the answer stops.
     text: String,
-    /// The layout of the last text delta read whole, and its block index.
-    last_text: Option<(Layout, u64)>,
+    layouts: Layouts,
     /// Whether events may be read the short ways: text deltas by their
     /// layout, a `message_start` or `message_delta` by a walk (see
     /// [`Self::parsing_every_event`]).
     shortcuts: bool,
+}
+
+/// The layouts of the events read without a parse: the last text delta
+/// read whole, and its block index. A provider lays out every stream's
+/// events alike, so they are kept from one of its streams to the next
+/// ([`crate::providers::Learned`]).
+#[derive(Default)]
+pub struct Layouts {
+    text: Option<(Layout, u64)>,
 }
 
 impl AnthropicStream {
@@ -718,7 +726,7 @@ impl AnthropicStream {
             schema_block: None,
             usage: Usage::default(),
             text: String::new(),
-            last_text: None,
+            layouts: Layouts::default(),
             shortcuts: true,
         }
     }
@@ -731,10 +739,17 @@ impl AnthropicStream {
         self
     }
 
+    /// The same stream, reading events by the layouts an earlier stream
+    /// from the provider left.
+    pub fn with_layouts(mut self, layouts: Layouts) -> Self {
+        self.layouts = layouts;
+        self
+    }
+
     /// A text delta laid out as the last one read whole (most events of a
     /// stream): read from its layout, with no parse. `None`: parse it.
     fn text_like_last<'a>(&self, data: &'a str) -> Option<Event<'a>> {
-        let (layout, index) = self.last_text.as_ref()?;
+        let (layout, index) = self.layouts.text.as_ref()?;
         let found = layout.read(data, 0)?;
         if !only_whitespace_from(data.as_bytes(), found.after_end) {
             return None;
@@ -840,13 +855,19 @@ impl AnthropicStream {
 }
 
 impl StreamTranslator for AnthropicStream {
+    fn learned(&mut self) -> Option<Learned> {
+        Some(Learned::Anthropic(std::mem::take(&mut self.layouts)))
+    }
+
     fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
         let data = event.data;
         let parsed = match self.text_like_last(data) {
             Some(event) => Some(event),
             None if self.shortcuts => {
                 let parsed = Event::parse(data);
-                self.last_text = parsed.as_ref().and_then(|event| text_layout(data, event));
+                if let Some(layout) = parsed.as_ref().and_then(|event| text_layout(data, event)) {
+                    self.layouts.text = Some(layout);
+                }
                 parsed
             }
             None => Event::parse_raw(data),

@@ -25,7 +25,7 @@ use serde_json::{Map, Value, json};
 
 use super::chat::{self, ImageSource, Message, Part, ResponseFormat, ToolChoice};
 use super::openai::{interrupted, json_event};
-use super::{ErrorDetails, StreamItem, StreamTranslator, UpstreamRequest};
+use super::{ErrorDetails, Learned, StreamItem, StreamTranslator, UpstreamRequest};
 use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
 use crate::request::{ParsedRequest, bad_value};
@@ -577,14 +577,23 @@ pub struct GeminiStream {
     /// `n`: how many candidates must finish.
     expected: u64,
     candidates: Vec<CandidateState>,
-    /// The layout of the last chunk the walk read, when it was a plain
-    /// text chunk; where a chunk's tokens are (scratch, for each way).
-    last_text: Option<TextChunk>,
+    layouts: Layouts,
+    /// Where a chunk's tokens are (scratch, for each way of reading).
     spans: Vec<(usize, usize)>,
     found: Vec<walked::Span>,
     /// Whether chunks may be read by a walk and by the last one's layout
     /// (see [`Self::parsing_every_event`]).
     shortcuts: bool,
+}
+
+/// The layouts of the last text chunk and the last finishing chunk the
+/// walk read ([`TextChunk`]), which later chunks are read by. A provider
+/// lays out every stream's chunks alike, so they are kept from one of its
+/// streams to the next ([`crate::providers::Learned`]).
+#[derive(Default)]
+pub struct Layouts {
+    text: Option<TextChunk>,
+    finishing: Option<TextChunk>,
 }
 
 #[derive(Default, Clone)]
@@ -599,7 +608,7 @@ impl GeminiStream {
             // Built when the request was: the body was read then.
             expected: request.body().map_or(1, chat::n).clamp(1, MAX_CANDIDATES),
             candidates: Vec::new(),
-            last_text: None,
+            layouts: Layouts::default(),
             spans: Vec::new(),
             found: Vec::new(),
             shortcuts: true,
@@ -614,23 +623,35 @@ impl GeminiStream {
         self
     }
 
-    /// A chunk read the short ways: by the last one's layout, else by a
-    /// walk (which leaves its layout for the next); `None`: serde's to read.
+    /// The same stream, reading chunks by the layouts an earlier stream
+    /// from the provider left.
+    pub fn with_layouts(mut self, layouts: Layouts) -> Self {
+        self.layouts = layouts;
+        self
+    }
+
+    /// A chunk read the short ways: by a known layout, else by a walk
+    /// (which leaves its layout for the next); `None`: serde's to read.
     fn read_short(&mut self, data: &str) -> Option<WireResponse> {
         if !self.shortcuts {
             return None;
         }
-        if let Some(response) = self
-            .last_text
-            .as_ref()
-            .and_then(|last| last.read(data, &mut self.spans))
-        {
-            return Some(response);
+        for layout in [&self.layouts.text, &self.layouts.finishing].into_iter().flatten() {
+            if let Some(response) = layout.read(data, &mut self.spans) {
+                return Some(response);
+            }
         }
         let response = walked::response(data, &mut self.found);
-        self.last_text = response
+        if let Some(layout) = response
             .as_ref()
-            .and_then(|response| TextChunk::of(data, response, &self.found));
+            .and_then(|response| TextChunk::of(data, response, &self.found))
+        {
+            let slot = match layout.finishing() {
+                true => &mut self.layouts.finishing,
+                false => &mut self.layouts.text,
+            };
+            *slot = Some(layout);
+        }
         response
     }
 
@@ -653,6 +674,10 @@ impl GeminiStream {
 }
 
 impl StreamTranslator for GeminiStream {
+    fn learned(&mut self) -> Option<Learned> {
+        Some(Learned::Gemini(std::mem::take(&mut self.layouts)))
+    }
+
     fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
         // Read the short ways, or straight into the wire type by serde; an
         // error event, or one that does not read, goes through a DOM to say
@@ -1476,6 +1501,19 @@ mod tests {
             r#"{"usageMetadata": {"candidatesTokenCount": 2},"candidates": [{"content": {"parts": [{"text": "usage first"}]}}]}"#.into(),
             r#"{"usageMetadata": {"candidatesTokenCount": 3},"candidates": [{"content": {"parts": [{"text": "and again"}]}}]}"#.into(),
             chunk(r#""last""#, counts),
+            // Another stream's response id, plain, escaped, not a string.
+            one.replacen(r#""r1""#, r#""r2""#, 1),
+            one.replacen(r#""r1""#, r#""r3""#, 1),
+            one.replacen(r#""r1""#, "null", 1),
+            one.replacen(r#""r1""#, "4", 1),
+            // Finishing chunks: learned, then read with other reasons and ids.
+            one.replacen(r#""index": 0"#, r#""finishReason": "STOP","index": 0"#, 1),
+            one.replacen(r#""index": 0"#, r#""finishReason": "SAFETY","index": 0"#, 1)
+                .replacen(r#""r1""#, r#""r5""#, 1),
+            one.replacen(r#""index": 0"#, r#""finishReason": "STOP","index": 0"#, 1),
+            one.replacen(r#""index": 0"#, r#""finishReason": null,"index": 0"#, 1),
+            one.replacen(r#""index": 0"#, r#""finishReason": 1,"index": 0"#, 1),
+            one.replacen(r#""index": 0"#, r#""finishReason": "MALFORMED_FUNCTION_CALL","index": 0"#, 1),
         ] {
             data.push(other);
         }
@@ -1501,7 +1539,61 @@ mod tests {
                 parsed.candidates.clear();
             }
         }
-        assert!(errors >= 6 && texts >= 15, "{errors} errors, {texts} texts");
+        assert!(errors >= 8 && texts >= 15, "{errors} errors, {texts} texts");
+    }
+
+    /// The recorded stream with another response id, text and counts: what
+    /// the provider's next stream looks like.
+    fn next_stream() -> String {
+        include_str!("../../tests/fixtures/gemini/stream_generate_content.sse")
+            .replace("XgCzaazDItHRz7IPmsmB4Qk", "b2xhIGdlbWluaSBzdHJlYW0")
+            .replace("The sum of ", "Twice \\u00e9 ")
+            .replace(
+                r#""candidatesTokenCount": 20,"totalTokenCount": 238"#,
+                r#""candidatesTokenCount": 7,"totalTokenCount": 225"#,
+            )
+    }
+
+    /// The layouts a stream of `input` leaves.
+    fn learned_from(req: &ParsedRequest, input: &[u8]) -> Layouts {
+        let mut stream = GeminiStream::new(req);
+        let (mut items, mut rest) = (Vec::new(), input);
+        let mut decoder = crate::sse::SseDecoder::default();
+        while let Ok(Some(event)) = decoder.next(&mut rest) {
+            stream.on_event(&event, &mut items);
+        }
+        match stream.learned() {
+            Some(Learned::Gemini(layouts)) => layouts,
+            _ => Layouts::default(),
+        }
+    }
+
+    #[test]
+    fn a_stream_leaves_layouts_that_read_the_next_streams_chunks() {
+        let req = chat(hi());
+        let recorded = include_bytes!("../../tests/fixtures/gemini/stream_generate_content.sse");
+        let layouts = learned_from(&req, recorded);
+        let next = next_stream();
+        let chunks: Vec<&str> = next.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+        let mut spans = Vec::new();
+        let text = layouts.text.as_ref().expect("a text layout");
+        let finishing = layouts.finishing.as_ref().expect("a finishing layout");
+        assert!(text.read(chunks[0], &mut spans).is_some());
+        assert!(text.read(chunks[1], &mut spans).is_some());
+        assert!(text.read(chunks[2], &mut spans).is_none());
+        assert!(finishing.read(chunks[2], &mut spans).is_some());
+        // And the next stream, read by them, says what it says parsed.
+        let by_layouts = replay(Operation::Chat, true, next.as_bytes(), &|| {
+            Box::new(GeminiStream::new(&req).with_layouts(learned_from(&req, recorded)))
+        });
+        let parsed = replay(Operation::Chat, true, next.as_bytes(), &|| {
+            Box::new(GeminiStream::new(&req).parsing_every_event())
+        });
+        assert_eq!(by_layouts, parsed);
+        assert!(
+            by_layouts.iter().any(|c| c.contains(r#""content":"Twice é ""#)),
+            "{by_layouts:?}"
+        );
     }
 
     #[test]

@@ -1,11 +1,12 @@
-//! Gemini text chunks read from the last one's layout: a stream's chunks
-//! repeat each other byte for byte but for the text and the usage counts
-//! (and reading one with serde costs far more than comparing it with the
-//! last). A chunk the walk read ([`super::walked`]) whose one candidate
-//! says one text part and nothing else becomes a [`TextChunk`]: its bytes
-//! around the text and around each number of its `usageMetadata`
-//! ([`Holes`]). A chunk laid out the same way is that chunk with another
-//! text and other numbers; any other chunk is read the long way, and may
+//! Gemini text chunks read from a layout: a stream's chunks repeat each
+//! other byte for byte but for the text, the usage counts and, from one
+//! stream to the next, the response id (and reading one with serde costs
+//! far more than comparing it with the last). A chunk the walk read
+//! ([`super::walked`]) whose one candidate says one text part and nothing
+//! else, finishing or not, becomes a [`TextChunk`]: its bytes around the
+//! text, the finish reason, the response id and each number of its
+//! `usageMetadata` ([`Holes`]). A chunk laid out the same way is that chunk
+//! with other values there; any other chunk is read the long way, and may
 //! leave its own layout.
 
 use super::walked::Span;
@@ -22,7 +23,6 @@ pub(super) struct TextChunk {
     index: Option<u64>,
     /// The chunk had `usageMetadata` (its counts are holes or fixed `null`s).
     usage: bool,
-    response_id: Option<String>,
 }
 
 /// What a token of a chunk holds.
@@ -35,6 +35,8 @@ pub(super) enum Role {
     ThoughtsCount,
     /// A number the stream does not read (`totalTokenCount`, say).
     Unread,
+    FinishReason,
+    ResponseId,
 }
 
 impl Role {
@@ -58,6 +60,8 @@ impl Role {
             Role::CandidatesCount => 8,
             Role::ThoughtsCount => 16,
             Role::Unread => 32,
+            Role::FinishReason => 64,
+            Role::ResponseId => 128,
         }
     }
 }
@@ -65,8 +69,8 @@ impl Role {
 impl TextChunk {
     /// The layout of `data`, which the walk read as `response` with its
     /// tokens at `spans` (in order), when that is a plain text chunk: one
-    /// candidate, not finished, one part with a text and nothing else the
-    /// stream reads, no prompt feedback, no error.
+    /// candidate, one part with a text and nothing else the stream reads,
+    /// no prompt feedback, no error.
     pub(super) fn of(data: &str, response: &WireResponse, spans: &[Span]) -> Option<TextChunk> {
         let [candidate] = response.candidates.as_deref()? else {
             return None;
@@ -78,7 +82,6 @@ impl TextChunk {
         if !plain
             || response.error
             || part.thought_signature.is_some()
-            || candidate.finish_reason.is_some()
             || response.prompt_feedback.is_some()
             || spans.iter().filter(|(_, _, role)| *role == Role::Text).count() != 1
         {
@@ -87,10 +90,9 @@ impl TextChunk {
         let holes = spans
             .iter()
             .map(|(start, end, role)| {
-                let token = if *role == Role::Text {
-                    Token::String
-                } else {
-                    Token::Number
+                let token = match role {
+                    Role::Text | Role::FinishReason | Role::ResponseId => Token::String,
+                    _ => Token::Number,
                 };
                 (*start, *end, token)
             })
@@ -100,15 +102,20 @@ impl TextChunk {
             roles: spans.iter().map(|(_, _, role)| *role).collect(),
             index: candidate.index,
             usage: response.usage_metadata.is_some(),
-            response_id: response.response_id.clone(),
         })
+    }
+
+    /// Whether chunks laid out this way finish their candidate.
+    pub(super) fn finishing(&self) -> bool {
+        self.roles.contains(&Role::FinishReason)
     }
 
     /// `data` as serde would read it, when it is laid out as this chunk
     /// and its holes read as serde reads them; `spans` is scratch space.
     pub(super) fn read(&self, data: &str, spans: &mut Vec<(usize, usize)>) -> Option<WireResponse> {
         self.holes.read(data, spans)?;
-        let mut text = None;
+        // A string the layout has no hole for was `null` or absent.
+        let (mut text, mut finish_reason, mut response_id) = (None, None, None);
         let mut usage = UsageMetadata {
             prompt_token_count: None,
             tool_use_prompt_token_count: None,
@@ -118,8 +125,11 @@ impl TextChunk {
         for ((start, end), role) in spans.iter().zip(&self.roles) {
             let token = data.get(*start..*end)?;
             let count = || plain_u64(token).map(Some);
+            let string = || json_text(token).map(|text| Some(text.into_owned()));
             match role {
-                Role::Text => text = Some(json_text(token)?.into_owned()),
+                Role::Text => text = string()?,
+                Role::FinishReason => finish_reason = string()?,
+                Role::ResponseId => response_id = string()?,
                 Role::PromptCount => usage.prompt_token_count = count()?,
                 Role::ToolUsePromptCount => usage.tool_use_prompt_token_count = count()?,
                 Role::CandidatesCount => usage.candidates_token_count = count()?,
@@ -136,12 +146,12 @@ impl TextChunk {
         Some(WireResponse {
             candidates: Some(vec![Candidate {
                 content: Some(Content { parts: vec![part] }),
-                finish_reason: None,
+                finish_reason,
                 index: self.index,
             }]),
             prompt_feedback: None,
             usage_metadata: self.usage.then_some(usage),
-            response_id: self.response_id.clone(),
+            response_id,
             error: false,
         })
     }

@@ -1,5 +1,6 @@
 //! Gemini stream chunks read by one [`Walk`] instead of serde, which also
-//! notes where the chunk's text and usage numbers are: the layout the next
+//! notes where the chunk's texts, finish reason, response id and usage
+//! numbers are: the layout the next
 //! chunk is read by ([`super::text_chunk`]) is then known at no extra cost
 //! (a second walk to find it cost more than reading one chunk).
 //!
@@ -20,7 +21,8 @@ use crate::stream::json_text;
 pub(super) type Span = (usize, usize, Role);
 
 /// The chunk as serde would read it into a [`WireResponse`]; `spans` gets
-/// where each part's text and each number of `usageMetadata` is.
+/// where each part's text, each finish reason, the response id and each
+/// number of `usageMetadata` is, in order.
 pub(super) fn response(data: &str, spans: &mut Vec<Span>) -> Option<WireResponse> {
     spans.clear();
     let mut response = WireResponse {
@@ -68,7 +70,7 @@ pub(super) fn response(data: &str, spans: &mut Vec<Span>) -> Option<WireResponse
             }
             "responseId" => {
                 given.first(8)?;
-                response.response_id = string(w)?.map(|(text, _)| text);
+                response.response_id = spanned_string(data, w, spans, Role::ResponseId)?;
             }
             // An error is read through a DOM, by serde.
             "error" => return None,
@@ -97,7 +99,7 @@ fn candidate(data: &str, w: &mut Walk<'_>, spans: &mut Vec<Span>) -> Option<Cand
             }
             "finishReason" => {
                 given.first(2)?;
-                candidate.finish_reason = string(w)?.map(|(text, _)| text);
+                candidate.finish_reason = spanned_string(data, w, spans, Role::FinishReason)?;
             }
             "index" => {
                 given.first(4)?;
@@ -142,13 +144,7 @@ fn part(data: &str, w: &mut Walk<'_>, spans: &mut Vec<Span>) -> Option<WirePart>
         match name {
             "text" => {
                 given.first(1)?;
-                part.text = match string(w)? {
-                    Some((text, raw)) => {
-                        spans.push(span(data, raw, Role::Text)?);
-                        Some(text)
-                    }
-                    None => None,
-                };
+                part.text = spanned_string(data, w, spans, Role::Text)?;
             }
             "thought" => {
                 given.first(2)?;
@@ -232,6 +228,17 @@ fn string<'a>(w: &mut Walk<'a>) -> Option<Option<(String, &'a str)>> {
         "null" => Some(None),
         raw if raw.starts_with('"') => json_text(raw).map(|text| Some((text.into_owned(), raw))),
         _ => None,
+    }
+}
+
+/// An optional string whose token, when it is one, goes into `spans` as `role`.
+fn spanned_string(data: &str, w: &mut Walk<'_>, spans: &mut Vec<Span>, role: Role) -> Option<Option<String>> {
+    match string(w)? {
+        Some((text, raw)) => {
+            spans.push(span(data, raw, role)?);
+            Some(Some(text))
+        }
+        None => Some(None),
     }
 }
 

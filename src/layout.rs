@@ -92,6 +92,10 @@ pub struct Holes {
     /// The text it was made from, and its tokens' spans, in order.
     text: String,
     spans: Vec<(usize, usize, Token)>,
+    /// Where the closing brackets and whitespace the text ends with start:
+    /// they match with any whitespace between them (Anthropic pads its
+    /// events before the last bracket, each with its own run of spaces).
+    closers_from: usize,
 }
 
 impl Holes {
@@ -105,9 +109,15 @@ impl Holes {
             }
             at = *end;
         }
+        let closers = text
+            .bytes()
+            .rev()
+            .take_while(|b| matches!(b, b'}' | b']' | b' ' | b'\n' | b'\t' | b'\r'))
+            .count();
         Some(Holes {
             text: text.to_string(),
             spans,
+            closers_from: text.len().saturating_sub(closers).max(at),
         })
     }
 
@@ -132,11 +142,12 @@ impl Holes {
             spans.push((token_start, token_end));
             (at, model_at) = (token_end, *end);
         }
-        let last = model.get(model_at..)?;
+        let last = model.get(model_at..self.closers_from)?;
         if !scan::starts_with(bytes.get(at..)?, last) {
             return None;
         }
-        only_whitespace_from(bytes, at.wrapping_add(last.len())).then_some(())
+        let end = closers_end(bytes, at.wrapping_add(last.len()), model.get(self.closers_from..)?)?;
+        only_whitespace_from(bytes, end).then_some(())
     }
 }
 
@@ -245,6 +256,33 @@ mod tests {
         // Spans out of order or past the text make no layout.
         assert!(Holes::around(model, vec![span("12", Token::Number), span(r#""one""#, Token::String)]).is_none());
         assert!(Holes::around("ab", vec![(1, 3, Token::Number)]).is_none());
+    }
+
+    #[test]
+    fn holes_match_the_closing_brackets_with_any_whitespace_between() {
+        let reads = |model: &str, spans, text: &str| {
+            let holes = Holes::around(model, spans).unwrap();
+            holes.read(text, &mut Vec::new()).is_some()
+        };
+        let model = r#"{"type":"stop","n":1   }"#;
+        for same in [model, r#"{"type":"stop","n":1}"#, "{\"type\":\"stop\",\"n\":1\n} "] {
+            assert!(reads(model, vec![], same), "{same}");
+        }
+        for other in [
+            r#"{"type":"stop","n":12 }"#,
+            r#"{"type":"stop","n":1 ]"#,
+            r#"{"type":"stop","n":1 }}"#,
+            r#"{"type":"stop","n": 1}"#,
+            r#"{"type":"stop","n":1 } x"#,
+        ] {
+            assert!(!reads(model, vec![], other), "{other}");
+        }
+        // After the last hole as well, and only there.
+        let model = r#"{"d":{"t":"a"}   }"#;
+        let hole = vec![(10, 13, Token::String)];
+        assert!(reads(model, hole.clone(), r#"{"d":{"t":"bc"}}"#));
+        assert!(reads(model, hole.clone(), "{\"d\":{\"t\":\"b\"\n}\t}"));
+        assert!(!reads(model, hole, r#"{"d": {"t":"b"}}"#));
     }
 
     #[test]

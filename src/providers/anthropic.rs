@@ -26,14 +26,15 @@ use super::openai::interrupted;
 use super::{ErrorDetails, Learned, StreamItem, StreamTranslator, UpstreamRequest};
 use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
-use crate::layout::{Layout, offset_in, only_whitespace_from};
 use crate::request::{ParsedRequest, bad_value};
 use crate::scan;
 use crate::sse::SseEvent;
-use crate::stream::{json_str, json_text, present};
+use crate::stream::{json_str, present};
 use crate::usage::Usage;
 
+mod layouts;
 mod walked;
+pub use layouts::Layouts;
 use walked::Members;
 
 /// The API version this module speaks.
@@ -493,15 +494,19 @@ impl<'a> Event<'a> {
     /// Anthropic writes them and the walk is sure; everything else by
     /// serde, which reads a short event (a text delta) for less than the
     /// walk and its callbacks do.
-    fn parse(data: &'a str) -> Option<Event<'a>> {
+    ///
+    /// `spans` gets where the walk found the event's values; `true` with
+    /// the event when it read it (else `spans` is empty).
+    fn parse(data: &'a str, spans: &mut Vec<walked::Span>) -> Option<(Event<'a>, bool)> {
         let rest = data.as_bytes().get(17..).unwrap_or_default();
         if scan::starts_with(data.as_bytes(), br#"{"type":"message_"#)
             && (scan::starts_with(rest, br#"start","#) || scan::starts_with(rest, br#"delta","#))
-            && let Some(members) = walked::members(data)
+            && let Some(members) = walked::members(data, spans)
         {
-            return Event::read(members);
+            return Event::read(members).map(|event| (event, true));
         }
-        Event::parse_raw(data)
+        spans.clear();
+        Event::parse_raw(data).map(|event| (event, false))
     }
 
     /// [`Event::parse`] by serde alone: what the walk must agree with.
@@ -557,21 +562,6 @@ impl<'a> Event<'a> {
             _ => Event::Other,
         })
     }
-}
-
-/// The layout of a text delta's event around its text, for the next.
-fn text_layout(data: &str, event: &Event<'_>) -> Option<(Layout, u64)> {
-    let Event::ContentBlockDelta {
-        index,
-        delta: Delta::Text(_, token),
-    } = event
-    else {
-        return None;
-    };
-    let start = offset_in(data, token)?;
-    let end = data.trim_end_matches([' ', '\n', '\t', '\r']).len();
-    let layout = Layout::around(data, 0, start, start.wrapping_add(token.len()), end)?;
-    Some((layout, *index))
 }
 
 #[derive(Debug, Deserialize)]
@@ -702,19 +692,13 @@ pub struct AnthropicStream {
     /// In `Json` mode, the text so far: checked once the answer stops.
     text: String,
     layouts: Layouts,
+    /// Where an event's values are (scratch: by a layout, by a walk).
+    holes: Vec<(usize, usize)>,
+    found: Vec<walked::Span>,
     /// Whether events may be read the short ways: text deltas by their
     /// layout, a `message_start` or `message_delta` by a walk (see
     /// [`Self::parsing_every_event`]).
     shortcuts: bool,
-}
-
-/// The layouts of the events read without a parse: the last text delta
-/// read whole, and its block index. A provider lays out every stream's
-/// events alike, so they are kept from one of its streams to the next
-/// ([`crate::providers::Learned`]).
-#[derive(Default)]
-pub struct Layouts {
-    text: Option<(Layout, u64)>,
 }
 
 impl AnthropicStream {
@@ -727,6 +711,8 @@ impl AnthropicStream {
             usage: Usage::default(),
             text: String::new(),
             layouts: Layouts::default(),
+            holes: Vec::new(),
+            found: Vec::new(),
             shortcuts: true,
         }
     }
@@ -744,21 +730,6 @@ impl AnthropicStream {
     pub fn with_layouts(mut self, layouts: Layouts) -> Self {
         self.layouts = layouts;
         self
-    }
-
-    /// A text delta laid out as the last one read whole (most events of a
-    /// stream): read from its layout, with no parse. `None`: parse it.
-    fn text_like_last<'a>(&self, data: &'a str) -> Option<Event<'a>> {
-        let (layout, index) = self.layouts.text.as_ref()?;
-        let found = layout.read(data, 0)?;
-        if !only_whitespace_from(data.as_bytes(), found.after_end) {
-            return None;
-        }
-        let token = data.get(found.start..found.end)?;
-        Some(Event::ContentBlockDelta {
-            index: *index,
-            delta: Delta::Text(json_text(token)?, token),
-        })
     }
 
     /// A text delta (an unescaped one is already owned: no second copy).
@@ -861,16 +832,17 @@ impl StreamTranslator for AnthropicStream {
 
     fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
         let data = event.data;
-        let parsed = match self.text_like_last(data) {
-            Some(event) => Some(event),
-            None if self.shortcuts => {
-                let parsed = Event::parse(data);
-                if let Some(layout) = parsed.as_ref().and_then(|event| text_layout(data, event)) {
-                    self.layouts.text = Some(layout);
-                }
-                parsed
+        let parsed = if self.shortcuts {
+            match self.layouts.read(data, &mut self.holes) {
+                Some(event) => Some(event),
+                None => Event::parse(data, &mut self.found).map(|(event, walked)| {
+                    self.layouts
+                        .learn(data, &event, walked.then_some(self.found.as_slice()));
+                    event
+                }),
             }
-            None => Event::parse_raw(data),
+        } else {
+            Event::parse_raw(data)
         };
         let event = match parsed {
             Some(event) => event,
@@ -1707,6 +1679,131 @@ mod tests {
             let errors = short.iter().flatten().filter(|i| matches!(i, StreamItem::Error(_)));
             assert_eq!(errors.count(), expected_errors, "{short:?}");
         }
+    }
+
+    #[test]
+    fn events_read_by_the_layout_of_one_read_before_are_the_events_parsed() {
+        let start = |id: &str, usage: &str| {
+            format!(
+                r#"{{"type":"message_start","message":{{"model":"claude-x","id":{id},"type":"message","role":"assistant","content":[],"stop_reason":null,"usage":{usage}}}   }}"#
+            )
+        };
+        let stop = |reason: &str, usage: &str| {
+            format!(
+                r#"{{"type":"message_delta","delta":{{"stop_reason":{reason},"stop_sequence":null}},"usage":{usage}}}"#
+            )
+        };
+        let counts = r#"{"input_tokens":16,"cache_read_input_tokens":0,"output_tokens":5,"service_tier":"standard"}"#;
+        let data: Vec<String> = vec![
+            start(r#""msg_1""#, counts),
+            start(
+                r#""msg_2""#,
+                r#"{"input_tokens":3,"cache_read_input_tokens":9,"output_tokens":1,"service_tier":"priority"}"#,
+            ),
+            start(r#""msg_\u0033""#, counts).replace("   }", "}"),
+            start(
+                r#""msg_4""#,
+                r#"{"input_tokens":null,"cache_read_input_tokens":0,"output_tokens":5,"service_tier":"x"}"#,
+            ),
+            start(
+                r#""msg_5""#,
+                r#"{"input_tokens":1.5,"cache_read_input_tokens":0,"output_tokens":5,"service_tier":"x"}"#,
+            ),
+            start(
+                r#""msg_6""#,
+                r#"{"input_tokens":-1,"cache_read_input_tokens":0,"output_tokens":5,"service_tier":"x"}"#,
+            ),
+            start(
+                r#""msg_7""#,
+                r#"{"input_tokens":18446744073709551616,"cache_read_input_tokens":0,"output_tokens":5,"service_tier":"x"}"#,
+            ),
+            start("7", counts),
+            start(
+                r#""msg_8""#,
+                r#"{"input_tokens":2,"cache_read_input_tokens":0,"output_tokens":5,"service_tier":5e3}"#,
+            ),
+            start(r#""msg_9""#, "null"),
+            start(r#""msg_10""#, "null"),
+            start(r#""msg_11""#, counts).replace("   }", "} x"),
+            start(r#""msg_12""#, counts).replace(r#""claude-x""#, r#""claude-y""#),
+            stop(r#""end_turn""#, r#"{"output_tokens":38}"#),
+            stop(r#""max_tokens""#, r#"{"output_tokens":7}"#),
+            stop(r#""tool\u005fuse""#, r#"{"output_tokens":8}"#),
+            stop("null", r#"{"output_tokens":9}"#),
+            stop("5", r#"{"output_tokens":9}"#),
+            stop(r#""refusal""#, r#"{"output_tokens":"9"}"#),
+            stop(r#""stop_sequence""#, r#"{"output_tokens":10}      "#),
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}            }"#.into(),
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.into(),
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":"x"}}"#.into(),
+            r#"{"type": "ping"}"#.into(),
+            r#"{"type": "ping"}  "#.into(),
+            r#"{"type": "ping"} ]"#.into(),
+            r#"{"type":"content_block_stop","index":0            }"#.into(),
+            r#"{"type":"content_block_stop","index":0}"#.into(),
+            r#"{"type":"content_block_stop","index":01}"#.into(),
+            r#"{"type":"message_stop"       }"#.into(),
+            r#"{"type":"message_stop"}"#.into(),
+            r#"{"type":"message_stop"}}"#.into(),
+        ];
+        let data: Vec<&str> = data.iter().map(String::as_str).collect();
+        let json_mode = json!({"model": "claude/x", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object"}});
+        for (body, expected_errors) in [(hi(), 9), (json_mode, 11)] {
+            let (by_layout, parsed) = items_both_ways(&body, &data);
+            assert_eq!(by_layout, parsed);
+            let errors = by_layout.iter().flatten().filter(|i| matches!(i, StreamItem::Error(_)));
+            assert_eq!(errors.count(), expected_errors, "{by_layout:?}");
+        }
+    }
+
+    /// The layouts a stream of `input` leaves.
+    fn learned_from(req: &ParsedRequest, input: &[u8]) -> Layouts {
+        let mut stream = AnthropicStream::new(req);
+        let (mut items, mut rest) = (Vec::new(), input);
+        let mut decoder = crate::sse::SseDecoder::default();
+        while let Ok(Some(event)) = decoder.next(&mut rest) {
+            stream.on_event(&event, &mut items);
+        }
+        match stream.learned() {
+            Some(Learned::Anthropic(layouts)) => layouts,
+            _ => Layouts::default(),
+        }
+    }
+
+    #[test]
+    fn a_stream_leaves_layouts_that_read_every_event_of_the_next() {
+        let req = chat(hi());
+        let recorded = include_str!("../../tests/fixtures/anthropic/message_stream.sse");
+        // The provider's next stream: another id, other counts, other text.
+        let next = recorded
+            .replace("msg_01R8GdyyLQUhUfyjqSCMbnWg", "msg_01XFDUDYJgAACzvnptvVoYEL")
+            .replace(r#""input_tokens":16"#, r#""input_tokens":1234"#)
+            .replace(r#""output_tokens":38"#, r#""output_tokens":7"#)
+            .replace("Olá! (", "Bom dia \\\"")
+            .replace(r#""end_turn""#, r#""max_tokens""#);
+        let layouts = learned_from(&req, recorded.as_bytes());
+        let mut spans = Vec::new();
+        for data in next.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            assert!(layouts.read(data, &mut spans).is_some(), "{data}");
+        }
+        let by_layouts = replay(Operation::Chat, true, next.as_bytes(), &|| {
+            Box::new(AnthropicStream::new(&req).with_layouts(learned_from(&req, recorded.as_bytes())))
+        });
+        let parsed = replay(Operation::Chat, true, next.as_bytes(), &|| {
+            Box::new(AnthropicStream::new(&req).parsing_every_event())
+        });
+        assert_eq!(by_layouts, parsed);
+        let text = |chunks: &[String]| -> String {
+            chunks
+                .iter()
+                .filter_map(|c| serde_json::from_str::<Value>(c).ok())
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+                .collect()
+        };
+        assert!(text(&by_layouts).starts_with("Bom dia \"That's"), "{by_layouts:?}");
+        assert!(by_layouts.iter().any(|c| c.contains(r#""finish_reason":"length""#)));
+        assert!(by_layouts.iter().any(|c| c.contains(r#""prompt_tokens":1234"#)));
     }
 
     #[test]

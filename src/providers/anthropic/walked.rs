@@ -14,7 +14,24 @@
 use std::borrow::Cow;
 
 use super::WireUsage;
+use crate::layout::{Token, offset_in};
 use crate::split::{Walk, plain_u64};
+
+/// What a scalar token of a `message_start` or `message_delta` holds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Role {
+    InputTokens,
+    OutputTokens,
+    CacheCreationInputTokens,
+    CacheReadInputTokens,
+    StopReason,
+    /// A string or number the stream does not read (the message's id and
+    /// model, which change with every stream).
+    Unread(Token),
+}
+
+/// Where a token of the event is, and what it holds.
+pub(super) type Span = (usize, usize, Role);
 
 /// The members of an event that [`super::RawEvent`] names, raw, and what a
 /// walk read inside them (`None`: not read, serde's to read).
@@ -35,8 +52,11 @@ pub(super) struct Members<'a> {
     pub usage_counts: Option<Option<WireUsage>>,
 }
 
-/// An event's members, as serde would give them to [`super::RawEvent`].
-pub(super) fn members(data: &str) -> Option<Members<'_>> {
+/// An event's members, as serde would give them to [`super::RawEvent`];
+/// `spans` gets, in order, where the counts, the stop reason and the
+/// message's and delta's other strings and numbers are.
+pub(super) fn members<'a>(data: &'a str, spans: &mut Vec<Span>) -> Option<Members<'a>> {
+    spans.clear();
     let mut m = Members::default();
     let mut kind = None;
     let mut walk = Walk::raw(data);
@@ -52,9 +72,9 @@ pub(super) fn members(data: &str) -> Option<Members<'_>> {
                 m.message = Some(w.object(&mut |name, w| {
                     if name == "usage" {
                         once(&usage)?;
-                        usage = Some(counts(w)?);
+                        usage = Some(counts(data, w, spans)?);
                     } else {
-                        w.value()?;
+                        unread(data, w.value()?, spans)?;
                     }
                     Some(())
                 })?);
@@ -68,10 +88,13 @@ pub(super) fn members(data: &str) -> Option<Members<'_>> {
                         once(&reason)?;
                         reason = Some(match w.value()? {
                             "null" => None,
-                            raw => Some(plain_string(raw)?),
+                            raw => {
+                                spans.push(span(data, raw, Role::StopReason)?);
+                                Some(plain_string(raw)?)
+                            }
                         });
                     } else {
-                        w.value()?;
+                        unread(data, w.value()?, spans)?;
                     }
                     Some(())
                 })?);
@@ -81,7 +104,7 @@ pub(super) fn members(data: &str) -> Option<Members<'_>> {
                 once(&m.usage)?;
                 w.peek()?;
                 let start = w.position();
-                m.usage_counts = Some(counts(w)?);
+                m.usage_counts = Some(counts(data, w, spans)?);
                 m.usage = data.get(start..w.position());
             }
             _ => {
@@ -96,7 +119,7 @@ pub(super) fn members(data: &str) -> Option<Members<'_>> {
 }
 
 /// A `usage` value: `null`, or an object's counts.
-fn counts(w: &mut Walk<'_>) -> Option<Option<WireUsage>> {
+fn counts<'a>(data: &'a str, w: &mut Walk<'a>, spans: &mut Vec<Span>) -> Option<Option<WireUsage>> {
     if w.peek()? == b'n' {
         return (w.value()? == "null").then_some(None);
     }
@@ -104,12 +127,16 @@ fn counts(w: &mut Walk<'_>) -> Option<Option<WireUsage>> {
     // Which counts were given: a `null` one leaves its slot empty.
     let mut given = 0u8;
     w.object(&mut |name, w| {
-        let (bit, slot) = match name {
-            "input_tokens" => (1, &mut usage.input_tokens),
-            "output_tokens" => (2, &mut usage.output_tokens),
-            "cache_creation_input_tokens" => (4, &mut usage.cache_creation_input_tokens),
-            "cache_read_input_tokens" => (8, &mut usage.cache_read_input_tokens),
-            _ => return w.value().map(drop),
+        let (bit, slot, role) = match name {
+            "input_tokens" => (1, &mut usage.input_tokens, Role::InputTokens),
+            "output_tokens" => (2, &mut usage.output_tokens, Role::OutputTokens),
+            "cache_creation_input_tokens" => (
+                4,
+                &mut usage.cache_creation_input_tokens,
+                Role::CacheCreationInputTokens,
+            ),
+            "cache_read_input_tokens" => (8, &mut usage.cache_read_input_tokens, Role::CacheReadInputTokens),
+            _ => return unread(data, w.value()?, spans),
         };
         if given & bit != 0 {
             return None;
@@ -117,11 +144,31 @@ fn counts(w: &mut Walk<'_>) -> Option<Option<WireUsage>> {
         given |= bit;
         *slot = match w.value()? {
             "null" => None,
-            number => Some(plain_u64(number)?),
+            number => {
+                spans.push(span(data, number, role)?);
+                Some(plain_u64(number)?)
+            }
         };
         Some(())
     })?;
     Some(Some(usage))
+}
+
+/// Notes where `raw` is when it is a string or a number, which a layout
+/// then leaves open; any other value is part of the layout.
+fn unread(data: &str, raw: &str, spans: &mut Vec<Span>) -> Option<()> {
+    let token = match raw.as_bytes().first()? {
+        b'"' => Token::String,
+        b'-' | b'0'..=b'9' => Token::Number,
+        _ => return Some(()),
+    };
+    spans.push(span(data, raw, Role::Unread(token))?);
+    Some(())
+}
+
+fn span(data: &str, raw: &str, role: Role) -> Option<Span> {
+    let at = offset_in(data, raw)?;
+    Some((at, at.checked_add(raw.len())?, role))
 }
 
 /// The text of a string token with no escapes (serde borrows those as

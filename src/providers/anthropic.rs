@@ -906,7 +906,7 @@ pub fn error_details(body: &[u8]) -> ErrorDetails {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::providers::chat::tests::{chat, chunks, replay, streamed_text, streamed_tool_calls};
+    use crate::providers::chat::tests::{chat, chunks, learned_reading, replay, streamed_text, streamed_tool_calls};
     use crate::request::{Operation, parse};
 
     fn provider() -> Provider {
@@ -1759,13 +1759,7 @@ mod tests {
 
     /// The layouts a stream of `input` leaves.
     fn learned_from(req: &ParsedRequest, input: &[u8]) -> Layouts {
-        let mut stream = AnthropicStream::new(req);
-        let (mut items, mut rest) = (Vec::new(), input);
-        let mut decoder = crate::sse::SseDecoder::default();
-        while let Ok(Some(event)) = decoder.next(&mut rest) {
-            stream.on_event(&event, &mut items);
-        }
-        match stream.learned() {
+        match learned_reading(Box::new(AnthropicStream::new(req)), input) {
             Some(Learned::Anthropic(layouts)) => layouts,
             _ => Layouts::default(),
         }

@@ -781,7 +781,7 @@ pub fn error_details(body: &[u8]) -> ErrorDetails {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::providers::chat::tests::{chat, chunks, replay, streamed_text, streamed_tool_calls};
+    use crate::providers::chat::tests::{chat, chunks, learned_reading, replay, streamed_text, streamed_tool_calls};
     use crate::request::{Operation, parse};
 
     const SIGNATURE: &str = "CloBvj72+4/aTlyeodvVsF6WQseQLaqynO0Ocu6hCxSIV1rJCGFv67dtpjtFqWaborKte+82ZXWG2DaoPZaL+k7ONU3tUVwUXH0yI3ADtb46NJAqGWp2V/Ht3uMKhQEBvj72+53r7rtJS2JS+RSr/gNHTgRy4DDPTPtEEj+K6F4GFNMQEXVmXPYPa87j/74GGwi14Qwvde1kfemWz/+cRwpf2EDDKELVYuZ56LWb6pmPj4kyXPBERjn3dCiTrAhaysdd21dD0/t3xSXCKNFbPTDjK6IeGzqAGRFeL5D37oKPrh2N";
@@ -1556,13 +1556,7 @@ mod tests {
 
     /// The layouts a stream of `input` leaves.
     fn learned_from(req: &ParsedRequest, input: &[u8]) -> Layouts {
-        let mut stream = GeminiStream::new(req);
-        let (mut items, mut rest) = (Vec::new(), input);
-        let mut decoder = crate::sse::SseDecoder::default();
-        while let Ok(Some(event)) = decoder.next(&mut rest) {
-            stream.on_event(&event, &mut items);
-        }
-        match stream.learned() {
+        match learned_reading(Box::new(GeminiStream::new(req)), input) {
             Some(Learned::Gemini(layouts)) => layouts,
             _ => Layouts::default(),
         }

@@ -11,7 +11,7 @@
 //! the text as before and may keep its layout for the next).
 
 use crate::scan;
-use crate::split::{number_token_end, string_token_end, whitespace_from};
+use crate::split::{digits_token_end, string_token_end, whitespace_from};
 
 /// The bytes around one string token of a JSON text.
 pub struct Layout {
@@ -81,6 +81,8 @@ impl Layout {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Token {
     String,
+    /// A number written as counts are, digits only: any other number in
+    /// its place (negative, fractional) leaves the text to be read whole.
     Number,
 }
 
@@ -137,7 +139,7 @@ impl Holes {
             let token_start = at.wrapping_add(fixed.len());
             let token_end = match kind {
                 Token::String => string_token_end(bytes, token_start)?,
-                Token::Number => number_token_end(bytes, token_start)?,
+                Token::Number => digits_token_end(bytes, token_start)?,
             };
             spans.push((token_start, token_end));
             (at, model_at) = (token_end, *end);
@@ -161,7 +163,21 @@ pub fn offset_in(text: &str, part: &str) -> Option<usize> {
 
 /// Whether `bytes` from `at` on are JSON whitespace only.
 pub fn only_whitespace_from(bytes: &[u8], at: usize) -> bool {
-    whitespace_from(bytes, at) == bytes.len()
+    padding_from(bytes, at) == bytes.len()
+}
+
+/// [`whitespace_from`] for the runs of spaces Anthropic pads its events
+/// with (a dozen is common): eight at a time, then byte by byte.
+fn padding_from(bytes: &[u8], mut at: usize) -> usize {
+    const SPACES: u64 = u64::from_le_bytes([b' '; 8]);
+    while let Some(word) = bytes
+        .get(at..at.wrapping_add(8))
+        .and_then(|w| <[u8; 8]>::try_from(w).ok())
+        && u64::from_le_bytes(word) == SPACES
+    {
+        at = at.wrapping_add(8);
+    }
+    whitespace_from(bytes, at)
 }
 
 /// Where `expected`'s closing brackets end in `bytes` from `at`, whitespace
@@ -169,7 +185,7 @@ pub fn only_whitespace_from(bytes: &[u8], at: usize) -> bool {
 fn closers_end(bytes: &[u8], mut at: usize, expected: &[u8]) -> Option<usize> {
     // `expected` is closing brackets and whitespace only (`only_closers`).
     for want in expected.iter().filter(|b| matches!(**b, b'}' | b']')) {
-        at = whitespace_from(bytes, at);
+        at = padding_from(bytes, at);
         if bytes.get(at) != Some(want) {
             return None;
         }
@@ -238,8 +254,8 @@ mod tests {
         };
         assert_eq!(tokens(model).unwrap(), [r#""one""#, "12", "3"]);
         assert_eq!(
-            tokens("{\"t\":\"tw\\\"o\",\"u\":{\"a\":-1.5e3,\"b\":0},\"z\":\"fixed\"} \n").unwrap(),
-            [r#""tw\"o""#, "-1.5e3", "0"]
+            tokens("{\"t\":\"tw\\\"o\",\"u\":{\"a\":1234567,\"b\":0},\"z\":\"fixed\"} \n").unwrap(),
+            [r#""tw\"o""#, "1234567", "0"]
         );
         for other in [
             r#"{"t":"two","u":{"a":12,"b":3},"z":"fixe"}"#,
@@ -247,6 +263,10 @@ mod tests {
             r#"{"t":"two","u":{"a":"12","b":3},"z":"fixed"}"#,
             r#"{"t":"two","u":{"a":012,"b":3},"z":"fixed"}"#,
             r#"{"t":"two","u":{"a":1.,"b":3},"z":"fixed"}"#,
+            // Numbers that are not counts are left to a walk.
+            r#"{"t":"two","u":{"a":-1,"b":3},"z":"fixed"}"#,
+            r#"{"t":"two","u":{"a":1.5,"b":3},"z":"fixed"}"#,
+            r#"{"t":"two","u":{"a":12,"b":3e2},"z":"fixed"}"#,
             r#"{"t":null,"u":{"a":12,"b":3},"z":"fixed"}"#,
             r#"{"t":"two","u":{"a":12, "b":3},"z":"fixed"}"#,
             r#"{"t":"two","u":{"a":12,"b":3}"#,
@@ -274,6 +294,7 @@ mod tests {
             r#"{"type":"stop","n":1 }}"#,
             r#"{"type":"stop","n": 1}"#,
             r#"{"type":"stop","n":1 } x"#,
+            r#"{"type":"stop","n":1 }        x"#,
         ] {
             assert!(!reads(model, vec![], other), "{other}");
         }
@@ -292,6 +313,8 @@ mod tests {
             r#"{"d":{"text":"b"}}"#,
             "{\"d\":{\"text\":\"b\"}\n\t}",
             r#"{"d":{"text":"b"   }      }"#,
+            // Runs of eight spaces and more (skipped a word at a time).
+            r#"{"d":{"text":"b"        }                }"#,
         ] {
             assert_eq!(string_in(&layout, same).unwrap(), r#""b""#, "{same}");
         }

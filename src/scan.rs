@@ -18,6 +18,12 @@ fn lanes_below(x: u64, n: u8) -> u64 {
     x.wrapping_sub(ONES.wrapping_mul(u64::from(n))) & !x & HIGHS
 }
 
+/// The index of the lowest flagged lane (little-endian: the first byte is
+/// the lowest lane).
+fn lane(flagged: u64) -> usize {
+    (flagged.trailing_zeros() / 8) as usize
+}
+
 /// The first byte `hit` accepts: two words per step through `lanes`
 /// (which flags the same bytes), then one, then the tail byte by byte. Two
 /// words share one bounds check and one branch: in wasm, where every
@@ -30,8 +36,6 @@ fn first(bytes: &[u8], lanes: impl Fn(u64) -> u64, hit: impl Fn(u8) -> bool) -> 
             .and_then(|w| <[u8; 8]>::try_from(w).ok())
             .map(u64::from_le_bytes)
     };
-    // Little-endian: the first byte is the lowest lane.
-    let lane = |flagged: u64| (flagged.trailing_zeros() / 8) as usize;
     let mut at = 0usize;
     while let Some(pair) = bytes
         .get(at..at.wrapping_add(16))
@@ -72,6 +76,51 @@ pub fn position_below(bytes: &[u8], n: u8) -> Option<usize> {
     first(bytes, |w| lanes_below(w, n), |b| b < n)
 }
 
+/// [`position_below`], and whether every byte before the one found (or
+/// every byte, when none is) is ASCII: the scan that finds a line's end
+/// also answers whether the line needs a UTF-8 check, for two operators a
+/// word more.
+pub fn position_below_ascii(bytes: &[u8], n: u8) -> (Option<usize>, bool) {
+    // The lanes below the one flagged, of a word with a flagged lane.
+    let before = |flagged: u64| {
+        flagged
+            .trailing_zeros()
+            .checked_sub(7)
+            .map_or(0, |bits| (1u64 << bits) - 1)
+    };
+    let (mut at, mut seen) = (0usize, 0u64);
+    while let Some(pair) = bytes
+        .get(at..at.wrapping_add(16))
+        .and_then(|w| <[u8; 16]>::try_from(w).ok())
+        .map(u128::from_le_bytes)
+    {
+        let (low, high) = (pair as u64, (pair >> 64) as u64);
+        let (low_flagged, high_flagged) = (lanes_below(low, n), lanes_below(high, n));
+        if low_flagged | high_flagged != 0 {
+            let (found, seen) = if low_flagged != 0 {
+                (at.wrapping_add(lane(low_flagged)), seen | (low & before(low_flagged)))
+            } else {
+                (
+                    at.wrapping_add(8).wrapping_add(lane(high_flagged)),
+                    seen | low | (high & before(high_flagged)),
+                )
+            };
+            return (Some(found), seen & HIGHS == 0);
+        }
+        seen |= low | high;
+        at = at.wrapping_add(16);
+    }
+    let mut ascii = seen & HIGHS == 0;
+    while let Some(&b) = bytes.get(at) {
+        if b < n {
+            return (Some(at), ascii);
+        }
+        ascii &= b.is_ascii();
+        at = at.wrapping_add(1);
+    }
+    (None, ascii)
+}
+
 /// Where the run of plain JSON string text starting at `at` ends: the index
 /// of its first quote, backslash or control character (below 0x20, which
 /// JSON forbids unescaped), or `bytes.len()`.
@@ -81,16 +130,30 @@ pub fn position_below(bytes: &[u8], n: u8) -> Option<usize> {
 #[inline(always)]
 pub fn string_stop_from(bytes: &[u8], mut at: usize) -> usize {
     let (quote, backslash) = (ONES.wrapping_mul(u64::from(b'"')), ONES.wrapping_mul(u64::from(b'\\')));
-    while let Some(word) = bytes
-        .get(at..at.wrapping_add(8))
-        .and_then(|w| <[u8; 8]>::try_from(w).ok())
-    {
-        let w = u64::from_le_bytes(word);
-        let flagged = zero_lanes(w ^ quote) | zero_lanes(w ^ backslash) | lanes_below(w, 0x20);
+    let stops = |w: u64| zero_lanes(w ^ quote) | zero_lanes(w ^ backslash) | lanes_below(w, 0x20);
+    let word = |at: usize| {
+        bytes
+            .get(at..at.wrapping_add(8))
+            .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            .map(u64::from_le_bytes)
+    };
+    while let Some(w) = word(at) {
+        let flagged = stops(w);
         if flagged != 0 {
-            return at.wrapping_add((flagged.trailing_zeros() / 8) as usize);
+            return at.wrapping_add(lane(flagged));
         }
         at = at.wrapping_add(8);
+    }
+    // Under eight bytes left: the text's last word, its lanes before `at`
+    // shifted out. The zero lanes shifted in stand past the end and stop
+    // the search there, so a stop in none of the real lanes gives the length.
+    let last = bytes.len().wrapping_sub(8);
+    if at > last
+        && at < bytes.len()
+        && let Some(w) = word(last)
+    {
+        let found = at.wrapping_add(lane(stops(w >> (at.wrapping_sub(last) * 8))));
+        return found.min(bytes.len());
     }
     while let Some(&b) = bytes.get(at) {
         if b == b'"' || b == b'\\' || b < 0x20 {
@@ -101,25 +164,92 @@ pub fn string_stop_from(bytes: &[u8], mut at: usize) -> usize {
     at
 }
 
-/// Whether `bytes` starts with `prefix`, compared a word at a time (wasm's
-/// `memcmp` from wasi-libc goes byte by byte).
+/// Whether `bytes` starts with `prefix`: [`same`] on its head.
 pub fn starts_with(bytes: &[u8], prefix: &[u8]) -> bool {
-    let Some(head) = bytes.get(..prefix.len()) else {
+    bytes.get(..prefix.len()).is_some_and(|head| same(head, prefix))
+}
+
+/// Whether `a` and `b` are the same bytes, compared a word at a time, the
+/// last word overlapping the one before it rather than a tail byte by byte
+/// (wasm's `memcmp` from wasi-libc goes byte by byte).
+pub fn same(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
         return false;
+    }
+    if n < 8 {
+        let half = |s: &[u8], at: usize| {
+            s.get(at..at.wrapping_add(4))
+                .and_then(|w| <[u8; 4]>::try_from(w).ok())
+                .map(u32::from_ne_bytes)
+        };
+        if n >= 4 {
+            let last = n.wrapping_sub(4);
+            return half(a, 0) == half(b, 0) && half(a, last) == half(b, last);
+        }
+        return a.iter().zip(b).all(|(x, y)| x == y);
+    }
+    let word = |s: &[u8], at: usize| {
+        s.get(at..at.wrapping_add(8))
+            .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            .map(u64::from_ne_bytes)
     };
-    let (mut a, mut b) = (head.chunks_exact(8), prefix.chunks_exact(8));
-    let word = |w: &[u8]| <[u8; 8]>::try_from(w).map(u64::from_ne_bytes).ok();
-    for (x, y) in (&mut a).zip(&mut b) {
-        if word(x) != word(y) {
+    let mut at = 0usize;
+    while at.wrapping_add(8) < n {
+        if word(a, at) != word(b, at) {
             return false;
         }
+        at = at.wrapping_add(8);
     }
-    a.remainder().iter().eq(b.remainder())
+    let last = n.wrapping_sub(8);
+    word(a, last) == word(b, last)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_agrees_with_slice_equality_at_every_length_and_difference() {
+        let a: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for len in 0..=a.len() {
+            let x = &a[..len];
+            assert!(same(x, x) && starts_with(&a, x), "{len}");
+            for at in 0..len {
+                let mut y = x.to_vec();
+                y[at] ^= 0x20;
+                assert!(!same(x, &y) && !starts_with(&a, &y), "{len} {at}");
+            }
+            assert!(!same(x, &a[..len.saturating_sub(1)]) || len == 0);
+        }
+        assert!(!starts_with(b"ab", b"abc"));
+    }
+
+    #[test]
+    fn the_line_scan_tells_ascii_before_its_stop_at_every_offset_and_length() {
+        // Long plain runs (the two-word steps) with a non-ASCII byte and a
+        // line end here and there, each in every lane as offsets move.
+        let mut hay = [b'x'; 90];
+        for (at, b) in [
+            (5, 0xc3),
+            (6, 0xa1),
+            (29, b'\n'),
+            (31, 0xe2),
+            (47, 0x80),
+            (70, b'\r'),
+            (88, 0xff),
+        ] {
+            hay[at] = b;
+        }
+        for start in 0..hay.len() {
+            for end in start..=hay.len() {
+                let part = &hay[start..end];
+                let found = part.iter().position(|b| *b < 0x0e);
+                let ascii = part[..found.unwrap_or(part.len())].is_ascii();
+                assert_eq!(position_below_ascii(part, 0x0e), (found, ascii), "{start}..{end}");
+            }
+        }
+    }
 
     #[test]
     fn searches_agree_with_a_plain_scan_everywhere() {
@@ -137,6 +267,16 @@ mod tests {
             let tail = &hay[start..];
             for n in [1, 0x0e, 0x20, 0x80] {
                 assert_eq!(position_below(tail, n), tail.iter().position(|b| *b < n), "{n}");
+                for len in 0..=tail.len() {
+                    let part = &tail[..len];
+                    let found = part.iter().position(|b| *b < n);
+                    let before = &part[..found.unwrap_or(len)];
+                    assert_eq!(
+                        position_below_ascii(part, n),
+                        (found, before.is_ascii()),
+                        "{n} {part:?}"
+                    );
+                }
             }
         }
         let text: Vec<u8> = (0..75u32)

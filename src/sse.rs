@@ -59,18 +59,34 @@ impl Default for SseDecoder {
     }
 }
 
-/// Where the first line of `bytes` ends: its `\n` or `\r`. The search
-/// stops at any byte below 0x0E (one test per word, where two bytes take
-/// two) and goes on past the others (a tab, rarely anything else).
-fn line_end(bytes: &[u8]) -> Option<usize> {
-    let mut from = 0usize;
+/// Where the first line of `bytes` ends: its `\n` or `\r`, and the line
+/// itself as text when it is all ASCII (so needs no UTF-8 check). The
+/// search stops at any byte below 0x0E (one test per word, where two bytes
+/// take two) and goes on past the others (a tab, rarely anything else).
+fn line_end(bytes: &[u8]) -> Option<(usize, Option<&str>)> {
+    let (mut from, mut ascii) = (0usize, true);
     loop {
-        let at = from.wrapping_add(scan::position_below(bytes.get(from..)?, 0x0E)?);
+        let (found, ascii_before) = scan::position_below_ascii(bytes.get(from..)?, 0x0E);
+        let at = from.wrapping_add(found?);
+        ascii &= ascii_before;
         if matches!(bytes.get(at), Some(b'\n' | b'\r')) {
-            return Some(at);
+            let line = bytes.get(..at)?;
+            return Some((at, ascii.then(|| ascii_text(line))));
         }
         from = at.wrapping_add(1);
     }
+}
+
+/// `line` as text, the caller having found it all ASCII: a UTF-8 check
+/// (about three wasm operators a byte) would only say so again.
+#[allow(unsafe_code)]
+fn ascii_text(line: &[u8]) -> &str {
+    debug_assert!(line.is_ascii());
+    // SAFETY: ASCII bytes are valid UTF-8. `line_end`, the one caller,
+    // passes a line every byte of which `position_below_ascii` saw below
+    // 0x80 (the byte it stopped at, below 0x0E, included), a scan checked
+    // against `is_ascii` at every offset and length in `scan`'s tests.
+    unsafe { std::str::from_utf8_unchecked(line) }
 }
 
 /// What one complete line says.
@@ -81,6 +97,18 @@ enum Line<'l> {
     Data(&'l [u8]),
     /// A comment, or a field no translator reads (`event`, `id`, `retry`).
     Skipped,
+}
+
+/// `value`, the end of a line, as text: the same bytes of the line's
+/// `ascii` text when it has one, else checked.
+fn as_text<'l>(value: &'l [u8], ascii: Option<&'l str>) -> Result<&'l str, std::str::Utf8Error> {
+    let tail = ascii
+        .and_then(|line| line.get(line.len().wrapping_sub(value.len())..))
+        .filter(|tail| tail.as_ptr() == value.as_ptr());
+    match tail {
+        Some(text) => Ok(text),
+        None => std::str::from_utf8(value),
+    }
 }
 
 fn read_line(line: &[u8]) -> Line<'_> {
@@ -137,7 +165,7 @@ impl SseDecoder {
         // yet copied: if its blank line is here too, it is handed out as is.
         let mut in_place: Option<&'c str> = None;
         loop {
-            let Some(at) = line_end(chunk) else {
+            let Some((at, ascii)) = line_end(chunk) else {
                 if let Some(text) = in_place {
                     self.data.push_str(text);
                 }
@@ -180,8 +208,7 @@ impl SseDecoder {
                         None => self.held_event(),
                     }));
                 }
-                Line::Data(value) => match (self.has_data, std::str::from_utf8(value)) {
-                    // from_utf8 checks ASCII a word at a time.
+                Line::Data(value) => match (self.has_data, as_text(value, ascii)) {
                     (false, Ok(text)) => {
                         in_place = Some(text);
                         self.has_data = true;
@@ -339,6 +366,17 @@ pub(crate) mod tests {
 
     fn ev(data: &str) -> Owned {
         (data.to_string(), data.contains('\n'))
+    }
+
+    #[test]
+    fn a_value_is_taken_from_its_lines_ascii_text_only_where_it_lies_in_it() {
+        let line = "data: hi";
+        let value = &line.as_bytes()[6..];
+        assert_eq!(as_text(value, Some(line)).unwrap().as_ptr(), value.as_ptr());
+        // The same length elsewhere is checked on its own bytes.
+        assert_eq!(as_text(b"zz", Some(line)), Ok("zz"));
+        assert!(as_text(&[0xff, b'a'], Some(line)).is_err());
+        assert_eq!(as_text("é".as_bytes(), None), Ok("é"));
     }
 
     #[test]

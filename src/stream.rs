@@ -321,9 +321,7 @@ impl StreamRewriter {
         self.begin_chunk(out);
         out.extend_from_slice(CONTENT_OPEN);
         let before = out.len();
-        if serde_json::to_writer(&mut *out, text.as_ref()).is_err() {
-            log::error!("waygate: a stream chunk could not be encoded");
-        }
+        push_json_string(out, &text);
         // Escapes can make the credential of word characters out of the
         // text's (`\n` then `abc…` holds `nabc…`), but only between the
         // string's quotes: that is all the scrub must look at.
@@ -560,6 +558,20 @@ fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
         }
     }
     out.extend_from_slice(digits.get(at..).unwrap_or_default());
+}
+
+/// `text` as a JSON string, as serde writes it. Most deltas have nothing
+/// serde escapes (a quote, a backslash, a control character): a word scan
+/// finds that, and the text is copied between quotes, where serde's
+/// escaping looks up every byte.
+fn push_json_string(out: &mut Vec<u8>, text: &str) {
+    if crate::scan::string_stop_from(text.as_bytes(), 0) == text.len() {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else if serde_json::to_writer(&mut *out, text).is_err() {
+        log::error!("waygate: a stream chunk could not be encoded");
+    }
 }
 
 /// The members every chunk of one stream starts with, as JSON.

@@ -11,7 +11,7 @@
 //! the text as before and may keep its layout for the next).
 
 use crate::scan;
-use crate::split::{digits_token_end, string_token_end, whitespace_from};
+use crate::split::{digits_token_end, string_token_end, string_token_end_escaped, whitespace_from};
 
 /// The bytes around one string token of a JSON text.
 pub struct Layout {
@@ -31,6 +31,8 @@ pub struct Found {
     pub end: usize,
     /// Just past the layout's `after` bytes.
     pub after_end: usize,
+    /// The string has an escape (its text is not the bytes between its quotes).
+    pub escaped: bool,
 }
 
 impl Layout {
@@ -65,7 +67,7 @@ impl Layout {
             return None;
         }
         let start = from.wrapping_add(self.before.len());
-        let end = string_token_end(bytes, start)?;
+        let (end, escaped) = string_token_end_escaped(bytes, start)?;
         let after_end = if self.only_closers {
             closers_end(bytes, end, self.after.as_bytes())?
         } else if scan::starts_with(bytes.get(end..)?, self.after.as_bytes()) {
@@ -73,7 +75,12 @@ impl Layout {
         } else {
             return None;
         };
-        Some(Found { start, end, after_end })
+        Some(Found {
+            start,
+            end,
+            after_end,
+            escaped,
+        })
     }
 }
 

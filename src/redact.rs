@@ -184,7 +184,10 @@ fn find_anchored(haystack: &[u8], needle: &[u8], anchor: usize, from: usize) -> 
     while let Some(tail) = haystack.get(start..) {
         let hit = start.saturating_add(scan::position_of(tail, byte)?);
         let at = hit.wrapping_sub(anchor);
-        if haystack.get(at..at.saturating_add(needle.len())) == Some(needle) {
+        if haystack
+            .get(at..at.saturating_add(needle.len()))
+            .is_some_and(|found| scan::same(found, needle))
+        {
             return Some(at);
         }
         start = hit.saturating_add(1);

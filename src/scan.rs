@@ -110,6 +110,35 @@ pub fn position_below_ascii(bytes: &[u8], n: u8) -> (Option<usize>, bool) {
         seen |= low | high;
         at = at.wrapping_add(16);
     }
+    // Under sixteen bytes left: a word, then the last word with the lanes
+    // already seen shifted out. The zero lanes shifted in stand past the
+    // end: a stop found there is no stop, and they are ASCII.
+    let word = |at: usize| {
+        bytes
+            .get(at..at.wrapping_add(8))
+            .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            .map(u64::from_le_bytes)
+    };
+    let last = bytes.len().wrapping_sub(8);
+    loop {
+        let w = match word(at) {
+            Some(w) => w,
+            None if at > last && at < bytes.len() => match word(last) {
+                Some(w) => w >> (at.wrapping_sub(last) * 8),
+                None => break,
+            },
+            None => break,
+        };
+        let flagged = lanes_below(w, n);
+        if flagged != 0 {
+            let found = at.wrapping_add(lane(flagged));
+            let ascii = (seen | (w & before(flagged))) & HIGHS == 0;
+            return ((found < bytes.len()).then_some(found), ascii);
+        }
+        seen |= w;
+        at = at.wrapping_add(8);
+    }
+    // Only a text under eight bytes long is left to go byte by byte.
     let mut ascii = seen & HIGHS == 0;
     while let Some(&b) = bytes.get(at) {
         if b < n {
@@ -169,6 +198,15 @@ pub fn starts_with(bytes: &[u8], prefix: &[u8]) -> bool {
     bytes.get(..prefix.len()).is_some_and(|head| same(head, prefix))
 }
 
+/// Whether `bytes` ends with `suffix`: [`same`] on its tail.
+pub fn ends_with(bytes: &[u8], suffix: &[u8]) -> bool {
+    bytes
+        .len()
+        .checked_sub(suffix.len())
+        .and_then(|at| bytes.get(at..))
+        .is_some_and(|tail| same(tail, suffix))
+}
+
 /// Whether `a` and `b` are the same bytes, compared a word at a time, the
 /// last word overlapping the one before it rather than a tail byte by byte
 /// (wasm's `memcmp` from wasi-libc goes byte by byte).
@@ -214,15 +252,19 @@ mod tests {
         let a: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
         for len in 0..=a.len() {
             let x = &a[..len];
-            assert!(same(x, x) && starts_with(&a, x), "{len}");
+            let ending = [b"0123456789".as_slice(), x].concat();
+            assert!(same(x, x) && starts_with(&a, x) && ends_with(&ending, x), "{len}");
             for at in 0..len {
                 let mut y = x.to_vec();
                 y[at] ^= 0x20;
-                assert!(!same(x, &y) && !starts_with(&a, &y), "{len} {at}");
+                assert!(
+                    !same(x, &y) && !starts_with(&a, &y) && !ends_with(&ending, &y),
+                    "{len} {at}"
+                );
             }
             assert!(!same(x, &a[..len.saturating_sub(1)]) || len == 0);
         }
-        assert!(!starts_with(b"ab", b"abc"));
+        assert!(!starts_with(b"ab", b"abc") && !ends_with(b"bc", b"abc"));
     }
 
     #[test]

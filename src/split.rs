@@ -349,10 +349,20 @@ impl<'a> Cursor<'a> {
 /// Where the JSON string token whose opening quote is at `at` ends (just
 /// past its closing quote), read as a raw walk reads it.
 pub fn string_token_end(bytes: &[u8], at: usize) -> Option<usize> {
+    string_token_end_escaped(bytes, at).map(|(end, _)| end)
+}
+
+/// [`string_token_end`], and whether the string has an escape: without
+/// one its text is the bytes between its quotes.
+pub fn string_token_end_escaped(bytes: &[u8], at: usize) -> Option<(usize, bool)> {
     if bytes.get(at) != Some(&b'"') {
         return None;
     }
-    string_end(bytes, at.wrapping_add(1), false)
+    let stop = string_stop_from(bytes, at.wrapping_add(1));
+    if bytes.get(stop) == Some(&b'"') {
+        return Some((stop.wrapping_add(1), false));
+    }
+    string_end_escaped(bytes, stop, false).map(|end| (end, true))
 }
 
 /// A number token a walk read (so JSON number syntax: no sign but `-`, no

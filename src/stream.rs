@@ -24,6 +24,7 @@ use crate::providers::openai::interrupted;
 use crate::providers::{Learned, StreamItem, StreamTranslator};
 use crate::redact::{self, REDACTED};
 use crate::request::Operation;
+use crate::scan;
 use crate::sse::{DONE, SseDecoder, SseError, SseEvent, write_data};
 use crate::usage::Usage;
 
@@ -50,9 +51,11 @@ pub struct StreamRewriter {
     /// Scratch space reused across events.
     items: Vec<StreamItem>,
     scrubber: Option<Scrubber>,
-    /// `{"id":…,"object":…,"created":…,"model":…` as every chunk starts,
-    /// encoded once.
-    head: Vec<u8>,
+    /// `data: {"id":…,"object":…,"created":…,"model":…,"choices":` as
+    /// every chunk starts, encoded once.
+    chunk_open: Vec<u8>,
+    /// `chunk_open`, then a text delta's choice up to its text.
+    content_open: Vec<u8>,
     /// The provider's events are OpenAI chat chunks: after the first, most
     /// are copied member by member ([`StreamRewriter::copy_chunk`]).
     copy_chunks: bool,
@@ -80,7 +83,8 @@ impl StreamRewriter {
             items: Vec::new(),
             scrubber: None,
             translator,
-            head: chunk_head(&stamp),
+            chunk_open: chunk_open(&stamp),
+            content_open: [chunk_open(&stamp).as_slice(), CONTENT_OPEN].concat(),
             copy_chunks,
             preamble: Preamble::default(),
             spare_choices: Vec::new(),
@@ -318,8 +322,7 @@ impl StreamRewriter {
             Some(scrubber) => scrubber.scrub(index, &text, false),
             None => Cow::Borrowed(text.as_str()),
         };
-        self.begin_chunk(out);
-        out.extend_from_slice(CONTENT_OPEN);
+        out.extend_from_slice(&self.content_open);
         let before = out.len();
         push_json_string(out, &text);
         // Escapes can make the credential of word characters out of the
@@ -335,9 +338,13 @@ impl StreamRewriter {
         if first {
             out.extend_from_slice(ROLE);
         }
-        out.extend_from_slice(CONTENT_CLOSE);
-        push_decimal(out, index);
-        out.extend_from_slice(CHUNK_CLOSE);
+        if index == 0 {
+            out.extend_from_slice(FIRST_CHOICE_CLOSE);
+        } else {
+            out.extend_from_slice(CONTENT_CLOSE);
+            push_decimal(out, index);
+            out.extend_from_slice(CHUNK_CLOSE);
+        }
         self.clean_template
     }
 
@@ -507,9 +514,7 @@ impl StreamRewriter {
 
     /// `data: ` and the stream's head, then `"choices":`.
     fn begin_chunk(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"data: ");
-        out.extend_from_slice(&self.head);
-        out.extend_from_slice(b",\"choices\":");
+        out.extend_from_slice(&self.chunk_open);
     }
 
     /// One chunk event: the stream's head, `choices`, then `extra` members.
@@ -540,6 +545,9 @@ const CONTENT_OPEN: &[u8] = b"[{\"delta\":{\"content\":";
 const ROLE: &[u8] = b",\"role\":\"assistant\"";
 const CONTENT_CLOSE: &[u8] = b"},\"finish_reason\":null,\"index\":";
 const CHUNK_CLOSE: &[u8] = b"}]}\n\n";
+/// [`CONTENT_CLOSE`], index 0 and [`CHUNK_CLOSE`]: the close of nearly
+/// every text delta's chunk, in one piece.
+const FIRST_CHOICE_CLOSE: &[u8] = b"},\"finish_reason\":null,\"index\":0}]}\n\n";
 
 /// `n` in decimal, as serde writes it: `write!` costs more in wasm than the
 /// rest of a text delta's chunk.
@@ -565,7 +573,7 @@ fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
 /// finds that, and the text is copied between quotes, where serde's
 /// escaping looks up every byte.
 fn push_json_string(out: &mut Vec<u8>, text: &str) {
-    if crate::scan::string_stop_from(text.as_bytes(), 0) == text.len() {
+    if scan::string_stop_from(text.as_bytes(), 0) == text.len() {
         out.push(b'"');
         out.extend_from_slice(text.as_bytes());
         out.push(b'"');
@@ -575,14 +583,18 @@ fn push_json_string(out: &mut Vec<u8>, text: &str) {
 }
 
 /// The members every chunk of one stream starts with, as JSON.
-fn chunk_head(stamp: &Stamp) -> Vec<u8> {
+fn chunk_open(stamp: &Stamp) -> Vec<u8> {
     let object = match stamp.op {
         Operation::Chat => "chat.completion.chunk",
         Operation::Completions => "text_completion",
     };
     let head = json!({"id": stamp.id, "object": object, "created": stamp.created, "model": stamp.model});
-    let mut bytes = serde_json::to_vec(&head).unwrap_or_default();
+    let mut bytes = b"data: ".to_vec();
+    if serde_json::to_writer(&mut bytes, &head).is_err() {
+        log::error!("waygate: a stream chunk could not be encoded");
+    }
     bytes.pop(); // the closing brace: choices and extras follow
+    bytes.extend_from_slice(b",\"choices\":");
     bytes
 }
 
@@ -605,7 +617,8 @@ struct Scrubber {
     word: bool,
     /// Where each byte occurs in the secret.
     positions: Positions,
-    /// Per choice index: the held text and the end of what went out.
+    /// Per choice index: the held text, and the end of what went out (at
+    /// least the secret's length of it).
     choices: Vec<(u64, String, String)>,
 }
 
@@ -669,7 +682,8 @@ impl Scrubber {
             .filter(|k| secret.is_char_boundary(*k))
             .filter_map(|k| {
                 let (start, rest) = (secret.get(..k)?, secret.get(k..)?);
-                (tail.ends_with(start) && s.starts_with(rest)).then_some(rest.len())
+                (scan::ends_with(tail.as_bytes(), start.as_bytes()) && scan::starts_with(s.as_bytes(), rest.as_bytes()))
+                    .then_some(rest.len())
             })
             .max();
         if let Some(rest) = spanning {
@@ -703,12 +717,16 @@ impl Scrubber {
                 }
             };
         }
+        // At least the secret's length of what went out is kept; cut back
+        // only past twice that, so most deltas just append.
         tail.push_str(&s);
-        let mut cut = tail.len().saturating_sub(secret.len());
-        while !tail.is_char_boundary(cut) {
-            cut = cut.saturating_add(1);
+        if tail.len() > secret.len().saturating_mul(2) {
+            let mut cut = tail.len().saturating_sub(secret.len());
+            while !tail.is_char_boundary(cut) {
+                cut = cut.saturating_add(1);
+            }
+            tail.drain(..cut);
         }
-        tail.drain(..cut);
         s
     }
 
@@ -802,7 +820,7 @@ fn set_text(choice: &mut Value, had_text: bool, scrubbed: String) {
 /// a string without a backslash is the string.
 pub(crate) fn json_text(raw: &str) -> Option<Cow<'_, str>> {
     let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
-    if crate::scan::position_of(inner.as_bytes(), b'\\').is_none() {
+    if scan::position_of(inner.as_bytes(), b'\\').is_none() {
         Some(Cow::Borrowed(inner))
     } else {
         unescape(inner).map(Cow::Owned)
@@ -818,7 +836,7 @@ fn unescape(inner: &str) -> Option<String> {
     let mut text = String::with_capacity(inner.len());
     let mut at = 0;
     loop {
-        let stop = crate::scan::string_stop_from(bytes, at);
+        let stop = scan::string_stop_from(bytes, at);
         text.push_str(inner.get(at..stop)?);
         match bytes.get(stop) {
             None => return Some(text),
@@ -872,9 +890,13 @@ pub(crate) fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
 
 /// Whether `a` followed by `b` ends with `suffix`.
 fn ends_with_across(a: &str, b: &str, suffix: &str) -> bool {
+    let (a, b, suffix) = (a.as_bytes(), b.as_bytes(), suffix.as_bytes());
     match suffix.len().checked_sub(b.len()) {
-        None => b.ends_with(suffix),
-        Some(from_a) => suffix.get(from_a..) == Some(b) && suffix.get(..from_a).is_some_and(|start| a.ends_with(start)),
+        None => scan::ends_with(b, suffix),
+        Some(from_a) => {
+            suffix.get(from_a..).is_some_and(|end| scan::same(end, b))
+                && suffix.get(..from_a).is_some_and(|start| scan::ends_with(a, start))
+        }
     }
 }
 

@@ -1776,7 +1776,7 @@ mod tests {
             .replace(r#""output_tokens":38"#, r#""output_tokens":7"#)
             .replace("Olá! (", "Bom dia \\\"")
             .replace(r#""end_turn""#, r#""max_tokens""#);
-        let layouts = learned_from(&req, recorded.as_bytes());
+        let mut layouts = learned_from(&req, recorded.as_bytes());
         let mut spans = Vec::new();
         for data in next.lines().filter_map(|l| l.strip_prefix("data: ")) {
             assert!(layouts.read(data, &mut spans).is_some(), "{data}");

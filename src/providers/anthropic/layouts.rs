@@ -18,6 +18,8 @@
 //! ([`crate::providers::Learned`]), so a VM reads even a stream's first
 //! events without a parse once it has seen one stream.
 
+use std::borrow::Cow;
+
 use super::walked::{Role, Span};
 use super::{Block, Event, MessageDeltaBody, StartMessage, WireUsage};
 use crate::layout::{Holes, Layout, Token, offset_in};
@@ -35,6 +37,11 @@ pub struct Layouts {
     text: Option<(Layout, u64)>,
     /// Other events' layouts, oldest first.
     events: Vec<EventLayout>,
+    /// Which of `events` to try first: the one after the last that read
+    /// an event. A provider sends its events in the same order every
+    /// stream, so the layouts, learned in that order, are tried in it too
+    /// and the first try reads the event (the others only cost a try).
+    next: usize,
 }
 
 struct EventLayout {
@@ -66,11 +73,19 @@ enum Kind {
 
 impl Layouts {
     /// `data` read by a layout, when one fits; `spans` is scratch space.
-    pub(super) fn read<'a>(&self, data: &'a str, spans: &mut Vec<(usize, usize)>) -> Option<Event<'a>> {
+    pub(super) fn read<'a>(&mut self, data: &'a str, spans: &mut Vec<(usize, usize)>) -> Option<Event<'a>> {
         if let Some(event) = self.text_delta(data) {
             return Some(event);
         }
-        self.events.iter().rev().find_map(|layout| layout.read(data, spans))
+        let count = self.events.len();
+        for step in 0..count {
+            let at = self.next.wrapping_add(step) % count;
+            if let Some(event) = self.events.get(at).and_then(|layout| layout.read(data, spans)) {
+                self.next = at.wrapping_add(1);
+                return Some(event);
+            }
+        }
+        None
     }
 
     /// A text delta laid out as the last one read whole.
@@ -81,9 +96,14 @@ impl Layouts {
             return None;
         }
         let token = data.get(found.start..found.end)?;
+        let text = if found.escaped {
+            json_text(token)?
+        } else {
+            Cow::Borrowed(data.get(found.start.wrapping_add(1)..found.end.wrapping_sub(1))?)
+        };
         Some(Event::ContentBlockDelta {
             index: *index,
-            delta: super::Delta::Text(json_text(token)?, token),
+            delta: super::Delta::Text(text, token),
         })
     }
 

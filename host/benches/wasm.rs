@@ -889,6 +889,15 @@ fn main() -> wasmtime::Result<()> {
         }
         let wall = t.elapsed();
         let body = Duration::from_nanos(phases.ns[4]);
+        // The same bytes in one callback, timed: what the host boundary
+        // (the calls in and out, the buffer copies) costs each event.
+        let whole_stream = [chunks.concat()];
+        let mut one_callback = Phases::default();
+        for _ in 0..runs {
+            guest.streamed(&mut one_callback, req, &whole_stream)?;
+        }
+        let one_callback = Duration::from_nanos(one_callback.ns[4]);
+        let boundary_ns = body.saturating_sub(one_callback).as_nanos() as f64 / (runs * chunks.len()) as f64;
         // A VM's first stream from a provider learns its layouts; the next
         // ones, as the timed runs above, read by them.
         let mut metered = Guest::start(&metered_engine, &metered_module, config, true)?;
@@ -911,7 +920,8 @@ fn main() -> wasmtime::Result<()> {
         println!(
             "  {name:<11} {} ({} bytes, {} events): {:.0} MB/s, {:.2} µs/event, {:.1} fuel/byte \
              (a VM's first stream {:.1}; {:.1} in one callback, {per_callback} fuel per extra callback); \
-             whole request {} µs",
+             whole request {} µs\n              \
+             in one callback {:.0} MB/s: the host boundary costs {boundary_ns:.0} ns an event",
             file_name(path),
             bytes,
             chunks.len(),
@@ -921,6 +931,7 @@ fn main() -> wasmtime::Result<()> {
             cold.fuel[4] as f64 / bytes as f64,
             whole.fuel[4] as f64 / bytes as f64,
             us(wall.as_nanos() as f64 / runs as f64),
+            (bytes * runs) as f64 / one_callback.as_secs_f64() / 1e6,
         );
         rates.push(((bytes * runs) as f64 / body.as_secs_f64() / 1e6, *name));
     }

@@ -185,6 +185,16 @@ pub fn rewrite_with(
     redact: bool,
     chunks: &[&[u8]],
 ) -> Vec<u8> {
+    rewrite_learning(translator, request, redact, chunks).0
+}
+
+/// [`rewrite_with`], and the layouts the translator learned for the next stream.
+pub fn rewrite_learning(
+    translator: Box<dyn StreamTranslator>,
+    request: &ParsedRequest,
+    redact: bool,
+    chunks: &[&[u8]],
+) -> (Vec<u8>, Option<providers::Learned>) {
     let mut rewriter = StreamRewriter::new(translator, stamp(request.op), request.include_usage);
     if redact {
         rewriter = rewriter.redacting(STREAM_SECRET);
@@ -195,7 +205,8 @@ pub fn rewrite_with(
     }
     rewriter.finish(&mut out);
     assert!(rewriter.is_finished(), "a finished stream says so");
-    out
+    let learned = rewriter.learned();
+    (out, learned)
 }
 
 /// The stream translator invariants: the client's output is the same under
@@ -208,7 +219,7 @@ pub fn check_stream_target(api: Api, data: &[u8]) {
     let request = request_variant(selector);
     let redact = selector & 0x80 != 0;
     let (sizes, payload) = plan_and_payload(data);
-    let whole = rewrite(api, &request, redact, &[payload]);
+    let (whole, learned) = rewrite_learning(translator(api, &request), &request, redact, &[payload]);
     let fuzzed = rewrite(api, &request, redact, &chunked(&sizes, payload));
     assert_eq!(
         String::from_utf8_lossy(&whole),
@@ -255,6 +266,16 @@ pub fn check_stream_target(api: Api, data: &[u8]) {
             String::from_utf8_lossy(&whole),
             String::from_utf8_lossy(&out),
             "chunks read by their layout and parsed differ"
+        );
+    }
+    // The provider's next stream, read by the layouts this one left, in
+    // the fuzzed chunks: the same as this one.
+    if learned.is_some() {
+        let next = providers::stream_translator(api, &request, learned);
+        assert_eq!(
+            String::from_utf8_lossy(&whole),
+            String::from_utf8_lossy(&rewrite_with(next, &request, redact, &chunked(&sizes, payload))),
+            "a stream read by the layouts of the one before differs"
         );
     }
     // Text deltas written without a DOM are byte for byte what their DOM gives.

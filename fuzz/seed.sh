@@ -89,7 +89,8 @@ for cut in 2 6 18; do
     "${secret:0:$cut}" "${secret:$cut}" > "$c/stream_openai/split_secret_$cut"
 done
 
-# Inputs that once failed (each has a named regression test in src/), replayed as seeds.
+# Inputs that once failed (each has a named regression test in src/, or a note in
+# src/lib.rs where the harness was wrong), replayed as seeds.
 for dir in regressions/*/; do
   t=$(basename "$dir")
   for f in "$dir"*; do cp "$f" "$c/$t/regression_$(basename "$f")"; done

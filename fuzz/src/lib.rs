@@ -428,11 +428,17 @@ pub fn check_client_stream(out: &[u8], op: Operation, ended: bool, stamp: Option
 /// refuses it (README "Robustness"; the stamping of answers does the same):
 /// such an event must still be JSON as serde's raw values read it, and its
 /// members that the DOM refuses stand in as an empty array or object, or
-/// their raw text, for the checks of the event's shape.
+/// their raw text, for the checks of the event's shape. So must an object
+/// whose first member is named serde's raw-value token: JSON to any other
+/// reader, but serde's DOM (with `raw_value`) reads that member's string as
+/// the object's JSON text instead (found by `stream_openai`: a provider's
+/// member sorted first when its choice is written from a DOM).
 fn event_value(data: &str) -> Value {
     match serde_json::from_str::<Value>(data) {
         Ok(value) => value,
-        Err(e) if e.to_string().starts_with("number out of range") => {
+        Err(e) if e.to_string().starts_with("number out of range") || data.contains(RAW_VALUE_TOKEN) => {
+            serde_json::from_str::<&serde_json::value::RawValue>(data)
+                .unwrap_or_else(|e| panic!("event is not JSON ({e}): {data:?}"));
             let members = waygate::members::Members::parse_str(data)
                 .unwrap_or_else(|e| panic!("event is not JSON ({e}): {data:?}"));
             let read = |raw: &str| {
@@ -453,6 +459,9 @@ fn event_value(data: &str) -> Value {
         Err(e) => panic!("event is not JSON ({e}): {data:?}"),
     }
 }
+
+/// The member name serde's DOM reads an object's raw JSON text from.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 /// The contract's error envelope (§4): `{"error": {"message", "type",
 /// "param", "code"}}`, message and code non-empty strings, a known type.

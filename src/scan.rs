@@ -70,16 +70,11 @@ pub fn position_of(bytes: &[u8], byte: u8) -> Option<usize> {
     first(bytes, |w| zero_lanes(w ^ pattern), |b| b == byte)
 }
 
-/// The first byte of `bytes` below `n` (`n` at most 0x80): one test per
-/// word where a search for two bytes takes two.
-pub fn position_below(bytes: &[u8], n: u8) -> Option<usize> {
-    first(bytes, |w| lanes_below(w, n), |b| b < n)
-}
-
-/// [`position_below`], and whether every byte before the one found (or
-/// every byte, when none is) is ASCII: the scan that finds a line's end
-/// also answers whether the line needs a UTF-8 check, for two operators a
-/// word more.
+/// The first byte of `bytes` below `n` (`n` at most 0x80; one test per
+/// word where a search for two bytes takes two), and whether every byte
+/// before it (or every byte, when none is) is ASCII: the scan that finds a
+/// line's end also answers whether the line needs a UTF-8 check, for two
+/// operators a word more.
 pub fn position_below_ascii(bytes: &[u8], n: u8) -> (Option<usize>, bool) {
     // The lanes below the one flagged, of a word with a flagged lane.
     let before = |flagged: u64| {
@@ -308,7 +303,6 @@ mod tests {
         for start in 0..hay.len() {
             let tail = &hay[start..];
             for n in [1, 0x0e, 0x20, 0x80] {
-                assert_eq!(position_below(tail, n), tail.iter().position(|b| *b < n), "{n}");
                 for len in 0..=tail.len() {
                     let part = &tail[..len];
                     let found = part.iter().position(|b| *b < n);

@@ -385,16 +385,11 @@ pub fn plain_u64(number: &str) -> Option<u64> {
     number.parse().ok()
 }
 
-/// Where the JSON number token at `at` ends, read as a raw walk reads it.
-pub fn number_token_end(bytes: &[u8], at: usize) -> Option<usize> {
-    number_end(bytes, at, false)
-}
-
 /// Where the digits of a count at `at` end: `0`, or digits with no leading
 /// zero. `None` for anything else, a negative or fractional number too,
 /// though JSON has them: a layout's number hole takes only what counts are
 /// written as, and leaves the rest to a walk. Cheaper than
-/// [`number_token_end`], which handles all of JSON's numbers.
+/// [`number_end`], which reads all of JSON's numbers.
 pub fn digits_token_end(bytes: &[u8], at: usize) -> Option<usize> {
     match bytes.get(at)? {
         b'0' => Some(at.wrapping_add(1)).filter(|end| !bytes.get(*end).is_some_and(u8::is_ascii_digit)),
@@ -603,7 +598,7 @@ mod tests {
         ] {
             assert_eq!(digits_token_end(text.as_bytes(), 0), end, "{text:?}");
             if let Some(end) = end {
-                assert_eq!(number_token_end(text.as_bytes(), 0), Some(end), "{text:?}");
+                assert_eq!(number_end(text.as_bytes(), 0, false), Some(end), "{text:?}");
             }
         }
         // A fraction's digits end at its point: a layout's next fixed byte

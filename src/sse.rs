@@ -84,8 +84,9 @@ fn ascii_text(line: &[u8]) -> &str {
     debug_assert!(line.is_ascii());
     // SAFETY: ASCII bytes are valid UTF-8. `line_end`, the one caller,
     // passes a line every byte of which `position_below_ascii` saw below
-    // 0x80 (the byte it stopped at, below 0x0E, included), a scan checked
-    // against `is_ascii` at every offset and length in `scan`'s tests.
+    // 0x80 (a tab or other low byte it went past included, each below
+    // 0x0E), a scan checked against `is_ascii` at every offset and length
+    // in `scan`'s tests.
     unsafe { std::str::from_utf8_unchecked(line) }
 }
 

@@ -74,6 +74,7 @@ pub struct StreamRewriter {
 impl StreamRewriter {
     pub fn new(translator: Box<dyn StreamTranslator>, stamp: Stamp, include_usage: bool) -> Self {
         let copy_chunks = translator.passthrough() && stamp.op == Operation::Chat;
+        let chunk_open = chunk_open(&stamp);
         StreamRewriter {
             decoder: SseDecoder::default(),
             include_usage,
@@ -83,8 +84,8 @@ impl StreamRewriter {
             items: Vec::new(),
             scrubber: None,
             translator,
-            chunk_open: chunk_open(&stamp),
-            content_open: [chunk_open(&stamp).as_slice(), CONTENT_OPEN].concat(),
+            content_open: [chunk_open.as_slice(), CONTENT_OPEN].concat(),
+            chunk_open,
             copy_chunks,
             preamble: Preamble::default(),
             spare_choices: Vec::new(),
@@ -582,7 +583,8 @@ fn push_json_string(out: &mut Vec<u8>, text: &str) {
     }
 }
 
-/// The members every chunk of one stream starts with, as JSON.
+/// `data: `, the members every chunk of one stream starts with as JSON,
+/// then `"choices":`.
 fn chunk_open(stamp: &Stamp) -> Vec<u8> {
     let object = match stamp.op {
         Operation::Chat => "chat.completion.chunk",

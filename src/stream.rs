@@ -240,7 +240,7 @@ impl StreamRewriter {
         match item {
             StreamItem::Chunk(chunk) => self.write_chunk(chunk, out),
             StreamItem::Content { index, text } => return self.write_content(index, text, out),
-            StreamItem::Finish { index, reason } => self.write_finish(index, reason, out),
+            StreamItem::Finish { index, reason } => return self.write_finish(index, reason, out),
             StreamItem::Usage(usage) => {
                 self.usage = Some(usage);
                 return true;
@@ -324,18 +324,7 @@ impl StreamRewriter {
             None => Cow::Borrowed(text.as_str()),
         };
         out.extend_from_slice(&self.content_open);
-        let before = out.len();
-        push_json_string(out, &text);
-        // Escapes can make the credential of word characters out of the
-        // text's (`\n` then `abc…` holds `nabc…`), but only between the
-        // string's quotes: that is all the scrub must look at.
-        let escaped = out.len().wrapping_sub(before) != text.len().wrapping_add(2);
-        if escaped
-            && self.clean_template
-            && let Some(scrubber) = &self.scrubber
-        {
-            scrubber.secret.scrub_from(out, before);
-        }
+        self.push_text(out, &text);
         if first {
             out.extend_from_slice(ROLE);
         }
@@ -349,15 +338,39 @@ impl StreamRewriter {
         self.clean_template
     }
 
+    /// A text (scrubbed already) as a JSON string. Escapes can make the
+    /// credential of word characters out of the text's (`\n` then `abc…`
+    /// holds `nabc…`), but only between the string's quotes: that is all
+    /// the scrub must look at, where the chunk's other words are known
+    /// ([`Self::clean_template`]).
+    fn push_text(&self, out: &mut Vec<u8>, text: &str) {
+        let before = out.len();
+        push_json_string(out, text);
+        let escaped = out.len().wrapping_sub(before) != text.len().wrapping_add(2);
+        if escaped
+            && self.clean_template
+            && let Some(scrubber) = &self.scrubber
+        {
+            scrubber.secret.scrub_from(out, before);
+        }
+    }
+
     /// A chat chunk that finishes choice `index`, written as
     /// [`Self::write_chunk`] would write it but with no DOM:
     /// `[{"delta":{},"finish_reason":…,"index":…}]`, the delta holding as
     /// its content what the scrubber held back for the choice. Before the
     /// role went out, and in legacy streams, the DOM path.
-    fn write_finish(&mut self, index: u64, reason: &str, out: &mut Vec<u8>) {
+    ///
+    /// `true` when the chunk cannot hold the credential, as for
+    /// [`Self::write_content`]: its words are the template's (`delta`,
+    /// `content`, `finish_reason`, `index`), the held text's (scrubbed,
+    /// its escapes too), the index's digits and the reason, which is
+    /// looked at here.
+    fn write_finish(&mut self, index: u64, reason: &str, out: &mut Vec<u8>) -> bool {
         if !self.role_sent || self.stamp.op != Operation::Chat {
             let chunk = json!({"choices": [{"index": index, "delta": {}, "finish_reason": reason}]});
-            return self.write_chunk(chunk, out);
+            self.write_chunk(chunk, out);
+            return false;
         }
         let held = match self.scrubber.as_mut() {
             Some(scrubber) => scrubber.scrub(index, "", true).into_owned(),
@@ -365,18 +378,20 @@ impl StreamRewriter {
         };
         self.begin_chunk(out);
         out.extend_from_slice(b"[{\"delta\":{");
-        let mut written = Ok(());
         if !held.is_empty() {
             out.extend_from_slice(b"\"content\":");
-            written = serde_json::to_writer(&mut *out, &held);
+            self.push_text(out, &held);
         }
         out.extend_from_slice(b"},\"finish_reason\":");
-        if written.and_then(|()| serde_json::to_writer(&mut *out, reason)).is_err() {
-            log::error!("waygate: a stream chunk could not be encoded");
-        }
+        push_json_string(out, reason);
         out.extend_from_slice(b",\"index\":");
         push_decimal(out, index);
         out.extend_from_slice(CHUNK_CLOSE);
+        self.clean_template
+            && !self
+                .scrubber
+                .as_ref()
+                .is_some_and(|scrubber| scrubber.secret.occurs_in(reason.as_bytes()))
     }
 
     /// An OpenAI chat chunk after the first, copied: the stream's own id,
@@ -1217,7 +1232,11 @@ mod tests {
                 }
                 (_, finish) => StreamItem::Finish {
                     index,
-                    reason: if finish == "length" { "length" } else { "stop" },
+                    reason: match finish.as_str() {
+                        Some("length") => "length",
+                        Some("content_filter") => "content_filter",
+                        _ => "stop",
+                    },
                 },
             });
         }
@@ -1289,6 +1308,29 @@ mod tests {
             let escaped = serde_json::to_string(secret).unwrap();
             assert!(!written.contains(secret), "{secret}: {written}");
             assert!(!written.contains(&escaped[1..escaped.len() - 1]), "{secret}: {written}");
+            assert!(written.contains("[redacted]"), "{secret}: {written}");
+        }
+    }
+
+    #[test]
+    fn a_finish_chunk_is_scrubbed_wherever_it_could_hold_the_secret() {
+        // Finish chunks written without a DOM skip the scrub of their chunk
+        // as text deltas do: each case is one where it could hold the secret.
+        for (secret, finish) in [
+            // The reason, a template word, the stream's head.
+            ("content_filter", "content_filter"),
+            ("finish_reason", "stop"),
+            ("completion.chunk", "length"),
+        ] {
+            let input = format!(
+                "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+                json!({"i": 0, "t": "hi"}),
+                json!({"i": 0, "f": finish})
+            );
+            let make =
+                || StreamRewriter::new(Box::new(Deltas { dom: false }), stamp(Operation::Chat), true).redacting(secret);
+            let written = replay_with(&make, input.as_bytes());
+            assert!(!written.contains(secret), "{secret}: {written}");
             assert!(written.contains("[redacted]"), "{secret}: {written}");
         }
     }

@@ -12,6 +12,10 @@
 //! a fixed number of requests shared by `c` connections, each request timed from its
 //! first byte written to its last byte read; p50/p99 from all of them, req/s from the
 //! wall time. Streams also time the first body byte (the first SSE frame).
+//!
+//! Peers (`WAYGATE_BENCH_PEERS`, default `tensorzero`) are installed into
+//! target/bench/peers from PyPI or npm and pinned to CPU 0 like the gateway: TensorZero's
+//! Rust gateway (served over HTTP from its PyPI wheel), LiteLLM's proxy, Portkey's gateway.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -32,6 +36,7 @@ const RELAY: &str = "bare TCP relay (openai)";
 const NO_FILTER: &str = "host, no filter (openai)";
 const GATEWAY: &str = "gateway (openai)";
 const POLLING_GATEWAY: &str = "polling gateway (openai)";
+const TENSORZERO_ROW: &str = "TensorZero 2026.6.0 (openai)";
 
 /// The position of the row labelled `label`.
 fn row(rows: &[(&str, &[u8], SocketAddr)], label: &str) -> Option<usize> {
@@ -165,10 +170,21 @@ fn run() -> Result<(), Error> {
 
     let body: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/chat_1k.json"))?)?;
     let targets = Targets::new(&body, fakes.addr);
-    // Peers, only on request: installed from npm or PyPI by package name into
-    // target/bench/peers.
-    let peers = std::env::var("WAYGATE_BENCH_PEERS").unwrap_or_default();
+    // Peers, installed from npm or PyPI by package name into target/bench/peers:
+    // TensorZero unless told otherwise (a target is set against it), the others on request.
+    let peers = std::env::var("WAYGATE_BENCH_PEERS").unwrap_or_else(|_| "tensorzero".into());
     let asked = |name: &str| peers.split(',').any(|p| p.trim() == name);
+    let (tensorzero, tensorzero_missing) = if asked("tensorzero") {
+        match start_tensorzero(&work, pin, fakes.addr) {
+            Ok(p) => (Some(p), String::new()),
+            Err(e) => {
+                eprintln!("TensorZero not measured: {e}");
+                (None, format!("it did not start ({e})"))
+            }
+        }
+    } else {
+        (None, "not asked for (WAYGATE_BENCH_PEERS)".to_string())
+    };
     let portkey = if asked("portkey") {
         Some(start_portkey(&work, pin)?)
     } else {
@@ -207,7 +223,11 @@ fn run() -> Result<(), Error> {
             gateway_polling.addr,
         ),
     ];
-    // Peers that serve a few hundred requests a second get a fifth of the requests.
+    if let Some(p) = &tensorzero {
+        c1.push((TENSORZERO_ROW, &targets.tensorzero, p.addr));
+    }
+    // Peers that serve a few hundred requests a second (LiteLLM, Portkey) get a fifth of
+    // the requests.
     let ours = c1.len();
     if let Some(p) = &portkey {
         c1.push(("Portkey 1.15.2 (openai)", &targets.portkey, p.addr));
@@ -251,6 +271,9 @@ fn run() -> Result<(), Error> {
         (GATEWAY, &targets.gateway, gateway.addr),
         (POLLING_GATEWAY, &targets.gateway, gateway_polling.addr),
     ];
+    if let Some(p) = &tensorzero {
+        c64.push((TENSORZERO_ROW, &targets.tensorzero, p.addr));
+    }
     let ours = c64.len();
     if let Some(p) = &portkey {
         c64.push(("Portkey 1.15.2 (openai)", &targets.portkey, p.addr));
@@ -266,8 +289,12 @@ fn run() -> Result<(), Error> {
         c64_stats.push(rt.block_on(load(*addr, req, 64, count(i, n64)))?);
     }
     println!(
-        "non-streaming ~1 KB chat, concurrency 64, {n64} requests each ({} for peers):",
-        count(usize::MAX, n64)
+        "non-streaming ~1 KB chat, concurrency 64, {n64} requests each{}:",
+        if c64.len() > ours {
+            format!(" ({} for LiteLLM and Portkey)", count(usize::MAX, n64))
+        } else {
+            String::new()
+        }
     );
     print_table(&c64.iter().map(|t| t.0).collect::<Vec<_>>(), &c64_stats, 0);
     let added = |label: &str| (c1_p50(label) - c1_p50(DIRECT)) / 1e6;
@@ -282,16 +309,31 @@ fn run() -> Result<(), Error> {
         .collect();
     let summary = [
         format!(
-            "{} p50 added at c = 1 ≤ 0.05 ms: gateway {:+.3} ms, polling gateway {:+.3} ms (a bare relay {:+.3} ms)",
+            "{} p50 added at c = 1 ≤ 0.05 ms: gateway {:+.3} ms, polling gateway {:+.3} ms (a bare relay {:+.3} ms{})",
             if c1_met { "[met]   " } else { "[missed]" },
             added(GATEWAY),
             added(POLLING_GATEWAY),
-            added(RELAY)
+            added(RELAY),
+            if tensorzero.is_some() {
+                format!(", TensorZero {:+.3} ms", added(TENSORZERO_ROW))
+            } else {
+                String::new()
+            }
         ),
         format!(
-            "[n/a]    c = 64 ≥ 1.5× TensorZero: no TensorZero server installs here; gateway {gateway_rps:.0} req/s \
-             ({:.2}× direct){}",
+            "{} c = 64 ≥ 1.5× TensorZero: gateway {gateway_rps:.0} req/s ({:.2}× direct), {}{}",
+            match tensorzero {
+                Some(_) if gateway_rps >= 1.5 * c64_rps(TENSORZERO_ROW) => "[met]   ",
+                Some(_) => "[missed]",
+                None => "[n/a]   ",
+            },
             gateway_rps / c64_rps(DIRECT),
+            if tensorzero.is_some() {
+                let tz = c64_rps(TENSORZERO_ROW);
+                format!("TensorZero {tz:.0} req/s: {:.2}× TensorZero", gateway_rps / tz)
+            } else {
+                format!("TensorZero not measured: {tensorzero_missing}")
+            },
             if peers.is_empty() {
                 String::new()
             } else {
@@ -301,7 +343,7 @@ fn run() -> Result<(), Error> {
     ];
 
     // Streaming: 20 data frames (+ [DONE]), concurrency 16. The fake waits ~1 ms between frames.
-    let streams: [(&str, &[u8], SocketAddr); 4] = [
+    let mut streams: Vec<(&str, &[u8], SocketAddr)> = vec![
         (DIRECT, &targets.direct_stream, fakes.addr),
         (NO_FILTER, &targets.direct_stream, plain.addr),
         (GATEWAY, &targets.gateway_stream, gateway.addr),
@@ -311,6 +353,9 @@ fn run() -> Result<(), Error> {
             gateway_polling.addr,
         ),
     ];
+    if let Some(p) = &tensorzero {
+        streams.push((TENSORZERO_ROW, &targets.tensorzero_stream, p.addr));
+    }
     let ns = 16 * 25;
     let mut stream_stats = Vec::new();
     for (_, req, addr) in &streams {
@@ -353,7 +398,8 @@ fn run() -> Result<(), Error> {
         println!("  {line}");
     }
     let servers = [&gateway, &plain, &gateway_polling, &plain_polling, &relay, &fakes];
-    if !(servers.into_iter().all(status) && [&portkey, &litellm].into_iter().flatten().all(status)) {
+    let peers = [&tensorzero, &portkey, &litellm];
+    if !(servers.into_iter().all(status) && peers.into_iter().flatten().all(status)) {
         return Err("a server process died during the run".into());
     }
     Ok(())
@@ -450,6 +496,8 @@ struct Targets {
     gateway_anthropic: Vec<u8>,
     direct_stream: Vec<u8>,
     gateway_stream: Vec<u8>,
+    tensorzero: Vec<u8>,
+    tensorzero_stream: Vec<u8>,
     portkey: Vec<u8>,
     litellm: Vec<u8>,
 }
@@ -479,6 +527,8 @@ impl Targets {
         let openai_key = [("authorization", "Bearer fake-openai-key")];
         let dev_key = [("authorization", "Bearer wg-dev-key")];
         let gw_path = "/api/v1/chat/completions";
+        // TensorZero's OpenAI-compatible endpoint names a model from its config this way.
+        let tz_path = "/openai/v1/chat/completions";
         // What the filter sends Anthropic for this body: system apart, max_tokens kept.
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
         let system: Vec<Value> = messages
@@ -505,6 +555,8 @@ impl Targets {
             gateway_anthropic: http(gw_path, &dev_key, &with("fakeanthropic/claude-sonnet-4", false)),
             direct_stream: http("/v1/chat/completions", &openai_key, &with("long-18", true)),
             gateway_stream: http(gw_path, &dev_key, &with("fake/long-18", true)),
+            tensorzero: http(tz_path, &[], &with("tensorzero::model_name::gpt-4o-mini", false)),
+            tensorzero_stream: http(tz_path, &[], &with("tensorzero::model_name::long-18", true)),
             litellm: http(
                 "/v1/chat/completions",
                 &[("authorization", &format!("Bearer {LITELLM_KEY}"))],
@@ -726,24 +778,7 @@ fn start_litellm(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Error
     let venv = work.join("peers/litellm");
     let bin = venv.join("bin/litellm");
     if !bin.exists() {
-        for (program, args) in [
-            (
-                "python3",
-                vec!["-m".to_string(), "venv".to_string(), venv.display().to_string()],
-            ),
-            (
-                &*venv.join("bin/pip").display().to_string(),
-                vec!["install".to_string(), "-q".to_string(), LITELLM.to_string()],
-            ),
-        ] {
-            let status = Command::new(program)
-                .args(&args)
-                .status()
-                .map_err(|e| format!("{program}: {e}"))?;
-            if !status.success() {
-                return Err(format!("installing {LITELLM} failed ({program})").into());
-            }
-        }
+        install_venv(&venv, LITELLM)?;
     }
     let config = venv.join("bench.yaml");
     std::fs::write(
@@ -766,6 +801,70 @@ fn start_litellm(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Error
         .current_dir(&venv);
     // Its start-up (imports, the proxy's set-up) takes seconds.
     Proc::peer(&mut cmd, port, 4)
+}
+
+const TENSORZERO: &str = "tensorzero==2026.6.0";
+
+/// TensorZero's Rust gateway, as its PyPI package ships it: the wheel embeds the whole
+/// gateway (axum on tokio) and `_start_http_gateway` serves it over HTTP from the Python
+/// process, which then only sleeps. Installed once into a venv in target/bench/peers; on
+/// CPU 0 like the gateway (tokio sizes its runtime to the one CPU it may use); no
+/// observability store; its log at `error`, as a deployment would run it (its default
+/// level writes a warning per request for the body's `user` field).
+fn start_tensorzero(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Error> {
+    let venv = work.join("peers/tensorzero");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        install_venv(&venv, TENSORZERO)?;
+    }
+    let config = venv.join("bench.toml");
+    let mut toml = String::new();
+    for model in ["gpt-4o-mini", "long-18"] {
+        toml.push_str(&format!(
+            "[models.{model}]\nrouting = [\"fake\"]\n\n[models.{model}.providers.fake]\ntype = \"openai\"\n\
+             model_name = \"{model}\"\napi_base = \"http://{fake}/v1/\"\napi_key_location = \"env::OPENAI_API_KEY\"\n\n"
+        ));
+    }
+    toml.push_str("[gateway.observability]\nenabled = false\n");
+    std::fs::write(&config, toml)?;
+    let launcher = venv.join("serve.py");
+    std::fs::write(
+        &launcher,
+        "import sys, time, urllib.parse\n\
+         from tensorzero.tensorzero import _start_http_gateway\n\
+         gateway = _start_http_gateway(config_file=sys.argv[1], clickhouse_url=None,\n    \
+         postgres_url=None, valkey_url=None, async_setup=False)\n\
+         print('tensorzero listening on http://' + urllib.parse.urlsplit(gateway.base_url).netloc, flush=True)\n\
+         while True:\n    time.sleep(3600)\n",
+    )?;
+    let mut cmd = on_cpu0(pin, &python);
+    cmd.arg(&launcher)
+        .arg(&config)
+        .env("OPENAI_API_KEY", "fake-openai-key")
+        .env("RUST_LOG", "error")
+        .env("TENSORZERO_DISABLE_PSEUDONYMOUS_USAGE_ANALYTICS", "1")
+        .current_dir(&venv);
+    Proc::spawn(
+        &mut cmd,
+        Stream::Stdout,
+        "tensorzero listening on http://",
+        &work.join("tensorzero.log"),
+    )
+}
+
+/// A venv at `venv` with `package` installed from PyPI.
+fn install_venv(venv: &Path, package: &str) -> Result<(), Error> {
+    let pip = venv.join("bin/pip");
+    let mut steps = [Command::new("python3"), Command::new(&pip)];
+    steps[0].args(["-m", "venv"]).arg(venv);
+    steps[1].args(["install", "-q", package]);
+    for mut step in steps {
+        let status = step.status().map_err(|e| format!("{step:?}: {e}"))?;
+        if !status.success() {
+            return Err(format!("installing {package} failed: {step:?}").into());
+        }
+    }
+    Ok(())
 }
 
 /// A child server process, killed (by its pid) on drop.

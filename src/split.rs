@@ -358,11 +358,7 @@ pub fn string_token_end_escaped(bytes: &[u8], at: usize) -> Option<(usize, bool)
     if bytes.get(at) != Some(&b'"') {
         return None;
     }
-    let stop = string_stop_from(bytes, at.wrapping_add(1));
-    if bytes.get(stop) == Some(&b'"') {
-        return Some((stop.wrapping_add(1), false));
-    }
-    string_end_escaped(bytes, stop, false).map(|end| (end, true))
+    string_end_and_escapes(bytes, at.wrapping_add(1), false)
 }
 
 /// A number token a walk read (so JSON number syntax: no sign but `-`, no
@@ -423,11 +419,17 @@ fn member_value_start(bytes: &[u8], at: usize, values: bool) -> Option<usize> {
 /// The end of a string whose text starts at `at` (just past its quote).
 #[inline(always)]
 fn string_end(bytes: &[u8], at: usize, values: bool) -> Option<usize> {
+    string_end_and_escapes(bytes, at, values).map(|(end, _)| end)
+}
+
+/// [`string_end`], and whether the string has an escape.
+#[inline(always)]
+fn string_end_and_escapes(bytes: &[u8], at: usize, values: bool) -> Option<(usize, bool)> {
     let stop = string_stop_from(bytes, at);
     if bytes.get(stop) == Some(&b'"') {
-        return Some(stop.wrapping_add(1));
+        return Some((stop.wrapping_add(1), false));
     }
-    string_end_escaped(bytes, stop, values)
+    string_end_escaped(bytes, stop, values).map(|end| (end, true))
 }
 
 /// [`string_end`] from its first escape or control character, escapes as

@@ -574,14 +574,14 @@ impl Guest {
 
 /// Evicts everything this process has cached: writes 64 MiB (twice the last-level
 /// cache: every level loses the guest's code and data, the TLBs their page entries).
+#[derive(Default)]
 struct Sweep(Vec<u8>, u8);
 
 impl Sweep {
-    fn new() -> Sweep {
-        Sweep(vec![0u8; 64 << 20], 0)
-    }
-
     fn run(&mut self) {
+        if self.0.is_empty() {
+            self.0 = vec![0u8; 64 << 20];
+        }
         self.1 = self.1.wrapping_add(1);
         for line in self.0.chunks_mut(64) {
             line[0] = line[0].wrapping_add(self.1);
@@ -595,7 +595,7 @@ const COLD_RUNS: usize = 300;
 /// The p50 time (ns) of a call into an empty exported function after a sweep: what
 /// one callback costs on the host's side of the boundary with cold caches, whatever
 /// the guest does.
-fn cold_empty_call(engine: &Engine) -> wasmtime::Result<u64> {
+fn cold_empty_call(engine: &Engine, sweep: &mut Sweep) -> wasmtime::Result<u64> {
     // (module (func (export "f")))
     const EMPTY: &[u8] = &[
         0, 0x61, 0x73, 0x6d, 1, 0, 0, 0, 1, 4, 1, 0x60, 0, 0, 3, 2, 1, 0, 7, 5, 1, 1, b'f', 0, 0, 0x0a, 4, 1, 2, 0,
@@ -606,7 +606,6 @@ fn cold_empty_call(engine: &Engine) -> wasmtime::Result<u64> {
     store.set_epoch_deadline(u64::MAX / 2);
     let instance = wasmtime::Instance::new(&mut store, &module, &[])?;
     let f = instance.get_typed_func::<(), ()>(&mut store, "f")?;
-    let mut sweep = Sweep::new();
     let mut times = Vec::with_capacity(COLD_RUNS);
     for _ in 0..COLD_RUNS {
         sweep.run();
@@ -626,8 +625,7 @@ struct Cold {
 
 /// Requests as a gateway at concurrency 1 on a shared machine runs them: with caches
 /// that other work has filled since the last one (a [`Sweep`] before each).
-fn cold_requests(guest: &mut Guest, req: &Exchange) -> wasmtime::Result<Cold> {
-    let mut sweep = Sweep::new();
+fn cold_requests(guest: &mut Guest, req: &Exchange, sweep: &mut Sweep) -> wasmtime::Result<Cold> {
     let mut cold = Cold {
         total: Vec::with_capacity(COLD_RUNS),
         phases: vec![Vec::with_capacity(COLD_RUNS); PHASES.len()],
@@ -838,11 +836,13 @@ fn main() -> wasmtime::Result<()> {
         "non-streaming ~1 KB chat, {} request bytes, whole request (on_context_create .. on_delete), {RUNS} runs:",
         cases[0].1.request_body.len()
     );
+    // One buffer for every cold measurement, allocated at the first sweep.
+    let mut sweep = Sweep::default();
     if section("requests") {
         println!(
             "  a call into an empty exported function with caches swept first (the host's side of a \
              callback, cold): p50 {} µs",
-            us(cold_empty_call(&engine)? as f64)
+            us(cold_empty_call(&engine, &mut sweep)? as f64)
         );
     }
     let mut after_1000 = 0;
@@ -898,7 +898,7 @@ fn main() -> wasmtime::Result<()> {
             guest.store.data().log_lines / (RUNS + WARMUP + 1),
         );
         println!("            by phase (mean µs / kfuel): {}", breakdown.join(", "));
-        let cold = cold_requests(&mut guest, req)?;
+        let cold = cold_requests(&mut guest, req, &mut sweep)?;
         println!(
             "            cold (caches swept before each request, as at c = 1 on a shared machine): p50 {} µs, \
              {:.1}× warm; by phase (p50 µs): {}",

@@ -7,6 +7,9 @@
 //! providers (`waygate-host fake-providers`) on CPU 1. A second host, the same bootstrap
 //! without the wasm filter and with the `fake` route matched without the cluster header,
 //! gives the host's own cost, so `gateway - host without filter` is the filter's cost.
+//! Two bare TCP relays on CPU 0, one sleeping and one polling, give the floor of any
+//! proxy on this topology; each gateway's admin (`/host/guest_time`, read after each
+//! load) gives how long its guest ran per request, apart from the host's own work.
 //!
 //! The load generator is raw HTTP/1.1 over keep-alive connections on one tokio thread:
 //! a fixed number of requests shared by `c` connections, each request timed from its
@@ -30,9 +33,12 @@ use tokio::net::TcpStream;
 const PINNED_ENV: &str = "WAYGATE_BENCH_PINNED";
 /// Set in the child that serves as a bare TCP relay to the address it holds.
 const RELAY_ENV: &str = "WAYGATE_BENCH_RELAY";
+/// Set beside [`RELAY_ENV`] when that relay polls instead of sleeping.
+const RELAY_POLL_ENV: &str = "WAYGATE_BENCH_RELAY_POLL";
 /// Row labels the summaries look up.
 const DIRECT: &str = "direct upstream (openai)";
 const RELAY: &str = "bare TCP relay (openai)";
+const POLLING_RELAY: &str = "polling bare TCP relay";
 const NO_FILTER: &str = "host, no filter (openai)";
 const GATEWAY: &str = "gateway (openai)";
 const POLLING_GATEWAY: &str = "polling gateway (openai)";
@@ -51,7 +57,8 @@ const BUSY_POLL_US: &str = "1000";
 /// each client connection and its own upstream connection and does nothing else (no
 /// HTTP parsing). What it adds over the direct upstream is the cost of the extra hop
 /// itself (two more loopback writes and wake-ups per request), which no gateway can avoid.
-fn relay(upstream: &str) -> Result<(), Error> {
+/// With `polling` it spins as the polling hosts do (`--busy-poll-us`), the floor for them.
+fn relay(upstream: &str, polling: bool) -> Result<(), Error> {
     let upstream: SocketAddr = upstream.parse()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
@@ -64,10 +71,56 @@ fn relay(upstream: &str) -> Result<(), Error> {
                     return;
                 };
                 let _ = (client.set_nodelay(true), server.set_nodelay(true));
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                if polling {
+                    let _ = copy_polling(&client, &server).await;
+                } else {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
             });
         }
     })
+}
+
+/// Copies both ways, and for [`BUSY_POLL_US`] after the last byte moved yields instead of
+/// sleeping, so the runtime polls the sockets with a zero timeout (as `busy_poll.rs`
+/// makes a host worker do); then sleeps until either side is readable.
+async fn copy_polling(client: &TcpStream, server: &TcpStream) -> std::io::Result<()> {
+    let window = Duration::from_micros(BUSY_POLL_US.parse().unwrap_or(1000));
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut last = Instant::now();
+    loop {
+        let up = forward(client, server, &mut buf).await?;
+        let down = forward(server, client, &mut buf).await?;
+        if up || down {
+            last = Instant::now();
+        } else if last.elapsed() < window {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::select! {
+                ready = client.readable() => ready?,
+                ready = server.readable() => ready?,
+            }
+        }
+    }
+}
+
+/// Moves what `from` has ready to `to`: whether there was anything; an error at EOF.
+async fn forward(from: &TcpStream, to: &TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let n = match from.try_read(buf) {
+        Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut rest = &buf[..n];
+    while !rest.is_empty() {
+        match to.try_write(rest) {
+            Ok(written) => rest = &rest[written..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => to.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 fn repo() -> PathBuf {
@@ -79,7 +132,7 @@ fn repo() -> PathBuf {
 
 fn main() {
     if let Ok(upstream) = std::env::var(RELAY_ENV) {
-        if let Err(e) = relay(&upstream) {
+        if let Err(e) = relay(&upstream, std::env::var_os(RELAY_POLL_ENV).is_some()) {
             eprintln!("relay failed: {e}");
             std::process::exit(1);
         }
@@ -157,16 +210,27 @@ fn run() -> Result<(), Error> {
     let plain = host(&plain_yaml, false, &work.join("no-filter.log"))?;
     let gateway_polling = host(&gateway_yaml, true, &work.join("gateway-polling.log"))?;
     let plain_polling = host(&plain_yaml, true, &work.join("no-filter-polling.log"))?;
-    let relay = {
+    let relay = |polling: bool, log: &str| -> Result<Proc, Error> {
         let mut cmd = on_cpu0(pin, std::env::current_exe()?);
         cmd.env(RELAY_ENV, fakes.addr.to_string());
-        Proc::spawn(
-            &mut cmd,
-            Stream::Stdout,
-            "relay listening on http://",
-            &work.join("relay.log"),
-        )?
+        if polling {
+            cmd.env(RELAY_POLL_ENV, "1");
+        }
+        Proc::spawn(&mut cmd, Stream::Stdout, "relay listening on http://", &work.join(log))
     };
+    let (relay, relay_polling) = (relay(false, "relay.log")?, relay(true, "relay-polling.log")?);
+    // Where to read how long each gateway's guest ran per request, after each load.
+    let (gateway_admin, polling_admin) = (
+        admin_addr(&work.join("gateway.log"))?,
+        admin_addr(&work.join("gateway-polling.log"))?,
+    );
+    let admins = [
+        (GATEWAY, gateway_admin),
+        ("gateway (anthropic)", gateway_admin),
+        (POLLING_GATEWAY, polling_admin),
+        ("polling gateway (anthropic)", polling_admin),
+    ];
+    let admin = |label: &str| admins.iter().find(|(l, _)| *l == label).map(|(_, a)| *a);
 
     let body: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/chat_1k.json"))?)?;
     let targets = Targets::new(&body, fakes.addr);
@@ -215,6 +279,7 @@ fn run() -> Result<(), Error> {
         (GATEWAY, &targets.gateway, gateway.addr),
         ("host, no filter (anthropic)", &targets.plain_anthropic, plain.addr),
         ("gateway (anthropic)", &targets.gateway_anthropic, gateway.addr),
+        (POLLING_RELAY, &targets.direct, relay_polling.addr),
         ("polling host, no filter", &targets.plain, plain_polling.addr),
         (POLLING_GATEWAY, &targets.gateway, gateway_polling.addr),
         (
@@ -238,12 +303,19 @@ fn run() -> Result<(), Error> {
     let (rounds, per_round) = (3, 1500);
     let count = |i: usize, n: usize| if i < ours { n } else { n / 5 };
     let mut c1_stats: Vec<Stats> = c1.iter().map(|_| Stats::default()).collect();
+    let mut c1_guest: Vec<GuestTime> = c1.iter().map(|_| GuestTime::default()).collect();
     for (i, (_, req, addr)) in c1.iter().enumerate() {
         rt.block_on(load(*addr, req, 1, count(i, 300)))?;
     }
     for _ in 0..rounds {
-        for (i, (_, req, addr)) in c1.iter().enumerate() {
+        for (i, (label, req, addr)) in c1.iter().enumerate() {
+            // A read before the load drops what another row left on the same host.
+            let admin = admin(label);
+            admin.map(GuestTime::take).transpose()?;
             c1_stats[i].merge(rt.block_on(load(*addr, req, 1, count(i, per_round)))?);
+            if let Some(admin) = admin {
+                c1_guest[i].merge(GuestTime::take(admin)?);
+            }
         }
     }
     println!(
@@ -261,6 +333,18 @@ fn run() -> Result<(), Error> {
         cost("gateway (anthropic)", "host, no filter (anthropic)"),
         cost(POLLING_GATEWAY, "polling host, no filter"),
         cost("polling gateway (anthropic)", "polling host, no filter")
+    );
+    let guest_line = |rows: &[(&str, &[u8], SocketAddr)], times: &[GuestTime]| {
+        rows.iter()
+            .zip(times)
+            .filter(|(_, t)| t.streams() > 0)
+            .map(|((label, _, _), t)| format!("{label} {} / {} µs", t.us(0.5), t.us(0.9)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "  time in the guest per request (the host's /host/guest_time, p50 / p90): {}",
+        guest_line(&c1, &c1_guest)
     );
 
     // Concurrency 64.
@@ -284,9 +368,13 @@ fn run() -> Result<(), Error> {
     let n64 = 30_000;
     let count = |i: usize, n: usize| if i < ours { n } else { n / 10 };
     let mut c64_stats = Vec::new();
-    for (i, (_, req, addr)) in c64.iter().enumerate() {
+    let mut c64_guest = Vec::new();
+    for (i, (label, req, addr)) in c64.iter().enumerate() {
         rt.block_on(load(*addr, req, 64, count(i, 2000)))?;
+        let admin = admin(label);
+        admin.map(GuestTime::take).transpose()?;
         c64_stats.push(rt.block_on(load(*addr, req, 64, count(i, n64)))?);
+        c64_guest.push(admin.map(GuestTime::take).transpose()?.unwrap_or_default());
     }
     println!(
         "non-streaming ~1 KB chat, concurrency 64, {n64} requests each{}:",
@@ -297,6 +385,10 @@ fn run() -> Result<(), Error> {
         }
     );
     print_table(&c64.iter().map(|t| t.0).collect::<Vec<_>>(), &c64_stats, 0);
+    println!(
+        "  time in the guest per request (p50 / p90): {}",
+        guest_line(&c64, &c64_guest)
+    );
     let added = |label: &str| (c1_p50(label) - c1_p50(DIRECT)) / 1e6;
     let c1_met = added(GATEWAY).min(added(POLLING_GATEWAY)) <= 0.05;
     let c64_rps = |label: &str| row(&c64, label).map_or(f64::NAN, |i| c64_stats[i].rps());
@@ -309,11 +401,14 @@ fn run() -> Result<(), Error> {
         .collect();
     let summary = [
         format!(
-            "{} p50 added at c = 1 ≤ 0.05 ms: gateway {:+.3} ms, polling gateway {:+.3} ms (a bare relay {:+.3} ms{})",
+            "{} p50 added at c = 1 ≤ 0.05 ms: gateway {:+.3} ms, polling gateway {:+.3} ms (a bare relay {:+.3} ms, \
+             polling {:+.3} ms; the polling host without filter {:+.3} ms{})",
             if c1_met { "[met]   " } else { "[missed]" },
             added(GATEWAY),
             added(POLLING_GATEWAY),
             added(RELAY),
+            added(POLLING_RELAY),
+            added("polling host, no filter"),
             if tensorzero.is_some() {
                 format!(", TensorZero {:+.3} ms", added(TENSORZERO_ROW))
             } else {
@@ -397,7 +492,15 @@ fn run() -> Result<(), Error> {
     for line in &summary {
         println!("  {line}");
     }
-    let servers = [&gateway, &plain, &gateway_polling, &plain_polling, &relay, &fakes];
+    let servers = [
+        &gateway,
+        &plain,
+        &gateway_polling,
+        &plain_polling,
+        &relay,
+        &relay_polling,
+        &fakes,
+    ];
     let peers = [&tensorzero, &portkey, &litellm];
     if !(servers.into_iter().all(status) && peers.into_iter().flatten().all(status)) {
         return Err("a server process died during the run".into());
@@ -878,6 +981,73 @@ fn install_venv(venv: &Path, package: &str) -> Result<(), Error> {
 }
 
 /// A child server process, killed (by its pid) on drop.
+/// The admin address a host printed to `log` (just after its listeners).
+fn admin_addr(log: &Path) -> Result<SocketAddr, Error> {
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(addr) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("waygate-host: admin on http://"))
+        {
+            return Ok(addr.trim().parse()?);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(format!("{} names no admin address", log.display()).into())
+}
+
+/// Streams counted by how many µs each spent in the guest (the host's `/host/guest_time`).
+#[derive(Default)]
+struct GuestTime {
+    per_us: Vec<u64>,
+}
+
+impl GuestTime {
+    /// Reads, and so resets, a host's counts.
+    fn take(admin: SocketAddr) -> Result<GuestTime, Error> {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(admin)?;
+        conn.write_all(b"GET /host/guest_time HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        conn.read_to_string(&mut text)?;
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        let json: Value = serde_json::from_str(body).map_err(|e| format!("/host/guest_time: {e}: {text}"))?;
+        let per_us = json["us"]
+            .as_array()
+            .ok_or_else(|| format!("/host/guest_time without counts: {text}"))?
+            .iter()
+            .map(|c| c.as_u64().unwrap_or(0))
+            .collect();
+        Ok(GuestTime { per_us })
+    }
+
+    fn merge(&mut self, other: GuestTime) {
+        if self.per_us.len() < other.per_us.len() {
+            self.per_us.resize(other.per_us.len(), 0);
+        }
+        for (mine, theirs) in self.per_us.iter_mut().zip(other.per_us) {
+            *mine += theirs;
+        }
+    }
+
+    fn streams(&self) -> u64 {
+        self.per_us.iter().sum()
+    }
+
+    /// The quantile `q`, in whole µs.
+    fn us(&self, q: f64) -> usize {
+        let rank = ((self.streams().saturating_sub(1)) as f64 * q).round() as u64;
+        let mut seen = 0;
+        for (us, count) in self.per_us.iter().enumerate() {
+            seen += count;
+            if seen > rank {
+                return us;
+            }
+        }
+        self.per_us.len()
+    }
+}
+
 struct Proc {
     child: Child,
     addr: SocketAddr,

@@ -11,7 +11,8 @@
 //! connections), `busy_poll` (a worker polling instead of sleeping between reads),
 //! `stream` (one request through the plugin and the router), `router` (route selection),
 //! `upstream` (clusters, TLS, pool), `calls` (`dispatch_http_call`), `local_reply`
-//! (Envoy's local replies), `shared` (shared data and metrics), `admin`,
+//! (Envoy's local replies), `shared` (shared data and metrics), `guest_time` (time in the
+//! guest per stream), `admin`,
 //! [`access_log`] (the HCM's access loggers and their format), [`logs`].
 
 pub mod access_log;
@@ -23,6 +24,7 @@ mod admin;
 mod body;
 mod busy_poll;
 mod calls;
+mod guest_time;
 mod local_reply;
 mod router;
 mod shared;
@@ -40,6 +42,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+use crate::guest_time::GuestTime;
 
 pub use logs::LogLevel;
 
@@ -268,6 +272,7 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let concurrency = options.concurrency.max(1);
+    let guest_time = Arc::new(GuestTime::default());
     let mut workers = Vec::new();
     let mut senders = Vec::new();
     for index in 0..concurrency {
@@ -279,6 +284,7 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
             logs: logs.clone(),
             access_logs: loggers.clone(),
             busy_poll: options.busy_poll,
+            guest_time: Arc::clone(&guest_time),
         };
         let handle = worker::spawn(spec, shutdown_rx.clone(), ready_tx.clone())?;
         workers.push(handle.thread);
@@ -344,7 +350,7 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
         }
         if let Some(socket) = admin_socket {
             let listener = tokio::net::TcpListener::from_std(socket).map_err(|e| HostError::Io(e.to_string()))?;
-            acceptor.spawn(admin::serve(listener, Arc::clone(&shared)));
+            acceptor.spawn(admin::serve(listener, Arc::clone(&shared), guest_time));
         }
     }
     host.acceptor = Some(acceptor);

@@ -19,6 +19,7 @@ use crate::HostError;
 use crate::access_log::Logger;
 use crate::busy_poll::Active;
 use crate::config::{Cluster, Listener};
+use crate::guest_time::GuestTime;
 use crate::logs::LogStore;
 use crate::stream::{self, ConnInfo, ListenerCtx};
 use crate::upstream::Pool;
@@ -42,6 +43,8 @@ pub struct WorkerSpec {
     pub access_logs: HashMap<String, Arc<Vec<Logger>>>,
     /// See [`crate::busy_poll`].
     pub busy_poll: std::time::Duration,
+    /// See [`crate::guest_time`]; one for the whole host.
+    pub guest_time: Arc<GuestTime>,
 }
 
 pub struct WorkerHandle {
@@ -122,6 +125,7 @@ fn contexts(spec: &WorkerSpec) -> Result<Vec<Rc<ListenerCtx>>, HostError> {
             pool: Rc::clone(&pool),
             logs: spec.logs.clone(),
             access_logs: spec.access_logs.get(&listener.name).cloned().unwrap_or_default(),
+            guest_time: Arc::clone(&spec.guest_time),
         }));
     }
     Ok(contexts)

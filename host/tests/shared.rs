@@ -76,3 +76,40 @@ fn properties_resolve_like_envoy() {
     // request.path resolves again in on_log.
     assert!(wait_for(&host, "on_log")[0].contains("path=/p?q=1"));
 }
+
+/// The host's own `/host/guest_time`: one sample per stream that ran the filter, in µs
+/// buckets, reset by every read.
+#[test]
+fn guest_time_counts_each_filtered_stream_once_and_resets_on_read() {
+    let up = Upstream::start();
+    let host = Boot::new(up.addr).start();
+    for _ in 0..3 {
+        let resp = request(addr(&host), "GET", "/x", &[], None).unwrap();
+        assert_eq!(resp.status, 200);
+    }
+    let read = || {
+        let resp = admin_get(&host, "/host/guest_time");
+        assert!(resp.contains("content-type: application/json"), "{resp}");
+        let body = resp.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    // A stream is counted when it ends, just after the client has its response.
+    let (mut streams, mut bucketed) = (0, 0);
+    for _ in 0..100 {
+        let sample = read();
+        streams += sample["streams"].as_u64().unwrap();
+        bucketed += sample["us"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .sum::<u64>();
+        if streams >= 3 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!((streams, bucketed), (3, 3));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(read(), serde_json::json!({"streams": 0, "us": []}));
+}

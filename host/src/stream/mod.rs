@@ -36,6 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::access_log::{self, Logger, flags};
 use crate::body::{ChunkSender, HostBody, Reset};
 use crate::config::{FailurePolicy, Listener, RouteAction};
+use crate::guest_time::GuestTime;
 use crate::local_reply::{self, LocalReply, reasons};
 use crate::logs::LogStore;
 use crate::upstream::{Pool, UpstreamAddress, UpstreamError};
@@ -60,6 +61,8 @@ pub struct ListenerCtx {
     pub logs: LogStore,
     /// The HCM's access loggers, written when a stream is over.
     pub access_logs: Arc<Vec<Logger>>,
+    /// Time in the guest per stream, for the admin's `/host/guest_time`.
+    pub guest_time: Arc<GuestTime>,
 }
 
 /// The downstream connection a stream arrived on.
@@ -169,6 +172,8 @@ struct Stream {
     /// map in place: `request_headers_to_remove`, `host_rewrite_literal`, ...).
     routed_request: Option<Headers>,
     upstream_host: Option<SocketAddr>,
+    /// Wall time inside the VM so far, summed over this stream's callbacks.
+    guest_nanos: u64,
 }
 
 thread_local! {
@@ -242,6 +247,7 @@ impl Stream {
             response_flags: Vec::new(),
             routed_request: None,
             upstream_host: None,
+            guest_nanos: 0,
         }
     }
 
@@ -353,9 +359,12 @@ impl Stream {
                 Err(None)
             } else {
                 let state = std::mem::take(&mut self.hs);
+                let entered = Instant::now();
                 let mut scope = vm.guest.enter(state);
                 let result = f(&mut scope, context);
                 self.hs = scope.finish();
+                let spent = u64::try_from(entered.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.guest_nanos = self.guest_nanos.saturating_add(spent);
                 match result {
                     Ok(value) => Ok(value),
                     Err(error) => {
@@ -1263,6 +1272,9 @@ impl Stream {
     fn finish(&mut self) {
         self.abort_upstream();
         self.plugin_done();
+        if self.context.is_some() {
+            self.ctx.guest_time.record(self.guest_nanos);
+        }
         self.access_log();
     }
 

@@ -482,11 +482,13 @@ impl Stream {
                 None
             } else {
                 let root = vm.root;
+                let entered = Instant::now();
                 let mut scope = vm.guest.enter_root();
                 let created = scope
                     .on_context_create(Some(root))
                     .and_then(|id| scope.expect_stream_kind(id, StreamKind::Http).map(|()| id));
                 drop(scope);
+                self.guest_nanos = u64::try_from(entered.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 match created {
                     Ok(id) => {
                         let (tx, rx) = mpsc::unbounded_channel();

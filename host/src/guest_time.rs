@@ -14,6 +14,7 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Buckets `[i, i + 1)` µs for `i < LAST`; bucket `LAST` holds every sample of `LAST` µs
 /// or more.
@@ -32,9 +33,9 @@ impl Default for GuestTime {
 }
 
 impl GuestTime {
-    /// Counts one stream that spent `nanos` in the guest.
-    pub fn record(&self, nanos: u64) {
-        let micros = usize::try_from(nanos / 1000).unwrap_or(LAST).min(LAST);
+    /// Counts one stream that spent `spent` in the guest.
+    pub fn record(&self, spent: Duration) {
+        let micros = usize::try_from(spent.as_micros()).unwrap_or(LAST).min(LAST);
         if let Some(bucket) = self.buckets.get(micros) {
             bucket.fetch_add(1, Ordering::Relaxed);
         }
@@ -64,7 +65,7 @@ mod tests {
     fn buckets_by_microsecond_and_resets_on_read() {
         let time = GuestTime::default();
         for nanos in [0, 999, 1_000, 2_500, 2_999] {
-            time.record(nanos);
+            time.record(Duration::from_nanos(nanos));
         }
         assert_eq!(time.take_json(), "{\"streams\":5,\"us\":[2,1,2]}\n");
         assert_eq!(time.take_json(), "{\"streams\":0,\"us\":[]}\n");
@@ -73,8 +74,8 @@ mod tests {
     #[test]
     fn a_long_stream_counts_in_the_last_bucket() {
         let time = GuestTime::default();
-        time.record(u64::MAX);
-        time.record(5_000_000);
+        time.record(Duration::MAX);
+        time.record(Duration::from_millis(5));
         let json: serde_json::Value = serde_json::from_str(&time.take_json()).unwrap();
         let us = json["us"].as_array().unwrap();
         assert_eq!(us.len(), LAST + 1);

@@ -173,7 +173,7 @@ struct Stream {
     routed_request: Option<Headers>,
     upstream_host: Option<SocketAddr>,
     /// Wall time inside the VM so far, summed over this stream's callbacks.
-    guest_nanos: u64,
+    in_guest: Duration,
 }
 
 thread_local! {
@@ -247,7 +247,7 @@ impl Stream {
             response_flags: Vec::new(),
             routed_request: None,
             upstream_host: None,
-            guest_nanos: 0,
+            in_guest: Duration::ZERO,
         }
     }
 
@@ -363,8 +363,7 @@ impl Stream {
                 let mut scope = vm.guest.enter(state);
                 let result = f(&mut scope, context);
                 self.hs = scope.finish();
-                let spent = u64::try_from(entered.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                self.guest_nanos = self.guest_nanos.saturating_add(spent);
+                self.in_guest = self.in_guest.saturating_add(entered.elapsed());
                 match result {
                     Ok(value) => Ok(value),
                     Err(error) => {
@@ -488,7 +487,7 @@ impl Stream {
                     .on_context_create(Some(root))
                     .and_then(|id| scope.expect_stream_kind(id, StreamKind::Http).map(|()| id));
                 drop(scope);
-                self.guest_nanos = u64::try_from(entered.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.in_guest = self.in_guest.saturating_add(entered.elapsed());
                 match created {
                     Ok(id) => {
                         let (tx, rx) = mpsc::unbounded_channel();
@@ -1275,7 +1274,7 @@ impl Stream {
         self.abort_upstream();
         self.plugin_done();
         if self.context.is_some() {
-            self.ctx.guest_time.record(self.guest_nanos);
+            self.ctx.guest_time.record(self.in_guest);
         }
         self.access_log();
     }

@@ -25,17 +25,18 @@
 //! A line is written once the stream is over, after the plugin's `on_log` (Envoy's
 //! `FilterManager::log` runs the filters' access log handlers first, then the HCM's
 //! loggers: `filter_access_loggers_first`), so a value the plugin sets in `on_log` is
-//! printed. Every line is also kept for [`crate::RunningHost::access_log_lines`].
+//! printed. The sink gets it once the worker's turn is over (`log_sink`, as Envoy's
+//! access log files are written off the request path). Every line is also kept for
+//! [`crate::RunningHost::access_log_lines`].
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::log_sink::{self, Sink};
 use crate::logs::LogStore;
 use crate::stream::headers::Headers;
 
@@ -462,12 +463,6 @@ pub struct AccessLogConfig {
     pub format: Arc<Format>,
 }
 
-enum Sink {
-    Stdout,
-    Stderr,
-    File { path: PathBuf, file: Mutex<std::fs::File> },
-}
-
 /// How many entries [`AccessLogStore`] keeps (the most recent ones), so a long-running
 /// host does not grow without bound; the sinks get every entry.
 pub const KEPT_ENTRIES: usize = 10_000;
@@ -500,69 +495,29 @@ impl AccessLogStore {
 /// A logger ready to write: its format, its opened sink and the in-memory copy.
 pub(crate) struct Logger {
     format: Arc<Format>,
-    sink: Sink,
+    sink: Arc<Sink>,
     store: AccessLogStore,
 }
-
-/// Set once stdout or stderr refused a write: the stream sinks stop (not the host).
-static STDOUT_BROKEN: AtomicBool = AtomicBool::new(false);
-static STDERR_BROKEN: AtomicBool = AtomicBool::new(false);
 
 impl Logger {
     /// Opens the sink (a file is created if needed and appended to, as Envoy's file access
     /// log does; a file that cannot be opened stops startup).
     pub fn open(config: &AccessLogConfig, store: AccessLogStore) -> Result<Self, String> {
-        let sink = match &config.sink {
-            SinkConfig::Stdout => Sink::Stdout,
-            SinkConfig::Stderr => Sink::Stderr,
-            SinkConfig::File(path) => Sink::File {
-                path: path.clone(),
-                file: Mutex::new(open_append(path)?),
-            },
-        };
         Ok(Self {
             format: Arc::clone(&config.format),
-            sink,
+            sink: Arc::new(Sink::open(&config.sink)?),
             store,
         })
     }
 
-    /// Formats and writes one entry, and keeps it (without its final newline).
+    /// Formats one entry, keeps it (without its final newline) and writes it, at once or,
+    /// on a worker, once the worker's turn is over (see [`crate::log_sink`]).
     pub fn log(&self, entry: &Entry<'_>, diagnostics: &LogStore) {
         let line = self.format.render(entry);
-        match &self.sink {
-            // `print!` goes through the test harness's output capture; its panic on a
-            // closed stdout is caught, and the sink then stops.
-            Sink::Stdout => print_guarded(&STDOUT_BROKEN, diagnostics, "stdout", || print!("{line}")),
-            Sink::Stderr => print_guarded(&STDERR_BROKEN, diagnostics, "stderr", || eprint!("{line}")),
-            Sink::File { path, file } => {
-                let mut file = file.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Err(e) = file.write_all(line.as_bytes()) {
-                    diagnostics.host(format!("access log {}: {e}", path.display()));
-                }
-            }
-        }
         let kept = line.strip_suffix('\n').unwrap_or(&line).to_owned();
         self.store.push(kept);
+        log_sink::write(&self.sink, line, diagnostics);
     }
-}
-
-fn print_guarded(broken: &AtomicBool, diagnostics: &LogStore, name: &str, print: impl FnOnce()) {
-    if broken.load(Ordering::Relaxed) {
-        return;
-    }
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(print)).is_err() {
-        broken.store(true, Ordering::Relaxed);
-        diagnostics.host(format!("the {name} access log cannot be written; it stops"));
-    }
-}
-
-fn open_append(path: &Path) -> Result<std::fs::File, String> {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| format!("access log {}: {e}", path.display()))
 }
 
 #[cfg(test)]

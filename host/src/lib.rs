@@ -13,7 +13,8 @@
 //! `upstream` (clusters, TLS, pool), `calls` (`dispatch_http_call`), `local_reply`
 //! (Envoy's local replies), `shared` (shared data and metrics), `guest_time` (time in the
 //! guest per stream), `admin`,
-//! [`access_log`] (the HCM's access loggers and their format), [`logs`].
+//! [`access_log`] (the HCM's access loggers and their format), `log_sink` (where and when
+//! their lines are written), [`logs`].
 
 pub mod access_log;
 pub mod config;
@@ -26,6 +27,7 @@ mod busy_poll;
 mod calls;
 mod guest_time;
 mod local_reply;
+mod log_sink;
 mod router;
 mod shared;
 mod stream;

@@ -196,8 +196,8 @@ fn file_logger_default_format_and_omit_empty_values() {
     assert_eq!(r.status, 200);
     assert_eq!(access_line(&host, "plain /plain"), "plain /plain x=;");
     let default_line = access_line(&host, "\"GET /plain HTTP/1.1\"");
-    let written = std::fs::read_to_string(&path).unwrap();
-    assert_eq!(written, format!("{default_line}\n"));
+    // The worker writes the line once its turn's I/O is out (after the response).
+    assert_eq!(file_once_written(&path, 1), format!("{default_line}\n"));
     // [START_TIME] "METHOD PATH PROTOCOL" CODE FLAGS RX TX DURATION SERVICE-TIME "XFF" "UA" "ID" "AUTHORITY" "UPSTREAM_HOST"
     let (_, after_time) = default_line.split_once("] ").unwrap();
     assert!(
@@ -209,8 +209,38 @@ fn file_logger_default_format_and_omit_empty_values() {
         "{default_line}"
     );
     assert_eq!(host.access_log_lines().len(), 2, "one entry per logger");
+    // Every line is in the file once the host has stopped (a worker writes what it still
+    // holds before it exits).
+    for i in 0..20 {
+        let path = format!("/plain/{i}");
+        let r = request(addr(&host), "GET", &path, &[], None).unwrap();
+        assert_eq!(r.status, 200);
+    }
     drop(host);
+    let written = std::fs::read_to_string(&path).unwrap();
+    let paths: Vec<&str> = written.lines().filter_map(|l| l.split(' ').nth(2)).collect();
+    let expected: Vec<String> = std::iter::once("/plain".to_owned())
+        .chain((0..20).map(|i| format!("/plain/{i}")))
+        .collect();
+    assert_eq!(paths, expected, "{written}");
     let _ = std::fs::remove_file(&path);
+}
+
+/// The file's text once it holds `lines` lines (5 s at most).
+fn file_once_written(path: &Path, lines: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().count() >= lines {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{lines} lines never reached {}: {text:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Format errors stop startup naming the operator and the YAML path

@@ -16,6 +16,7 @@ pub mod body;
 pub mod headers;
 pub mod properties;
 pub mod state;
+mod timer;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -84,7 +85,8 @@ pub async fn handle(
 ) -> Result<Response<HostBody>, Reset> {
     let (head_tx, head_rx) = oneshot::channel();
     tokio::task::spawn_local(async move {
-        let stream = Stream::new(ctx, &conn, head_tx);
+        // Boxed: the stream is large, and a task's future is moved whole when spawned.
+        let stream = Box::new(Stream::new(ctx, &conn, head_tx));
         stream.run(request).await;
     });
     match head_rx.await {
@@ -150,6 +152,8 @@ struct Stream {
     route_deadline: Option<tokio::time::Instant>,
     idle_timeout: Option<Duration>,
     idle_deadline: Option<tokio::time::Instant>,
+    /// Fires at the earlier of the two deadlines.
+    timer: timer::Timer,
 
     // Encode side.
     encoding_started: bool,
@@ -176,8 +180,33 @@ struct Stream {
     in_guest: Duration,
 }
 
+/// Request ids drawn from the OS per `getrandom` call (Envoy's `RandomGeneratorImpl::uuid`
+/// buffers its random bytes the same way): one syscall per 256 requests, not per request.
+const IDS_PER_DRAW: usize = 256;
+
 thread_local! {
     static REQUEST_IDS: Cell<u64> = const { Cell::new(0) };
+    static RANDOM: RefCell<(Box<[u8; 16 * IDS_PER_DRAW]>, usize)> =
+        RefCell::new((Box::new([0; 16 * IDS_PER_DRAW]), 16 * IDS_PER_DRAW));
+}
+
+/// 16 random bytes from this thread's buffer, refilled when used up; `None` when the OS
+/// gives none (or the buffer is busy, which a worker never makes it).
+fn random_16() -> Option<[u8; 16]> {
+    RANDOM
+        .try_with(|random| {
+            let mut random = random.try_borrow_mut().ok()?;
+            let (bytes, used) = &mut *random;
+            if *used + 16 > bytes.len() {
+                getrandom::fill(&mut bytes[..]).ok()?;
+                *used = 0;
+            }
+            let out: [u8; 16] = bytes.get(*used..*used + 16)?.try_into().ok()?;
+            *used += 16;
+            Some(out)
+        })
+        .ok()
+        .flatten()
 }
 
 impl Stream {
@@ -231,6 +260,7 @@ impl Stream {
             route_deadline: None,
             idle_timeout: listener.stream_idle_timeout,
             idle_deadline: None,
+            timer: timer::Timer::default(),
             encoding_started: false,
             resp_via_plugin: true,
             resp_source: None,
@@ -251,7 +281,7 @@ impl Stream {
         }
     }
 
-    async fn run(mut self, request: Request<Incoming>) {
+    async fn run(mut self: Box<Self>, request: Request<Incoming>) {
         self.touch();
         self.start(request);
         while !self.done {
@@ -260,8 +290,7 @@ impl Stream {
                 result = pending_upstream(&mut self.upstream_pending) => Wake::Upstream(result),
                 frame = next_response_frame(&mut self.resp_source), if self.can_read_response() => Wake::Response(frame),
                 Some(event) = self.events.recv() => Wake::Event(event),
-                () = sleep_until(self.route_deadline) => Wake::RouteTimeout,
-                () = sleep_until(self.idle_deadline) => Wake::IdleTimeout,
+                () = self.timer.reached(earliest(self.route_deadline, self.idle_deadline)) => self.expired(),
                 () = downstream_closed(&mut self.head_tx, &self.body_tx) => Wake::ClientGone,
             };
             self.wake(wake);
@@ -304,6 +333,16 @@ impl Stream {
                 }
             }
             Wake::ClientGone => self.client_gone(),
+        }
+    }
+
+    /// Which timeout the stream's timer fired for: the route's when both are due.
+    fn expired(&self) -> Wake {
+        let now = tokio::time::Instant::now();
+        if self.route_deadline.is_some_and(|d| d <= now) {
+            Wake::RouteTimeout
+        } else {
+            Wake::IdleTimeout
         }
     }
 
@@ -1359,10 +1398,10 @@ async fn pending_upstream(
     }
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
+fn earliest(a: Option<tokio::time::Instant>, b: Option<tokio::time::Instant>) -> Option<tokio::time::Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -1432,14 +1471,15 @@ fn request_headers(parts: &hyper::http::request::Parts) -> Headers {
 
 /// A UUIDv4-shaped id, as the HCM's `x-request-id`.
 fn request_id() -> String {
-    let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
+    let mut bytes = random_16().unwrap_or_else(|| {
         let n = REQUEST_IDS.with(|c| {
             c.set(c.get().wrapping_add(1));
             c.get()
         });
+        let mut bytes = [0u8; 16];
         bytes[..8].copy_from_slice(&n.to_le_bytes());
-    }
+        bytes
+    });
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     // 8-4-4-4-12 hex digits, written straight out: formatting each byte was a

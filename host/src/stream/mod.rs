@@ -1195,15 +1195,23 @@ impl Stream {
             return self.reset();
         };
         self.down_declared = if self.is_head { None } else { declared_length(headers) };
-        let mut builder = Response::builder().status(status);
+        let mut map = hyper::HeaderMap::with_capacity(headers.len() + 1);
         for (name, value) in headers.pairs() {
             if name.first() == Some(&b':') || is_hop_by_hop_bytes(name) || name == b"date" || name == b"server" {
                 continue;
             }
-            builder = builder.header(name.as_slice(), value.as_slice());
+            match (header_name(name), header_value(value)) {
+                (Ok(name), Ok(value)) => {
+                    map.append(name, value);
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    self.logs().host(format!("FILTER BUG: invalid response header: {e}"));
+                    return self.reset();
+                }
+            }
         }
         // The HCM stamps `server: envoy`; `date` is added by hyper, as Envoy's codec does.
-        builder = builder.header("server", "envoy");
+        map.insert(hyper::header::SERVER, hyper::header::HeaderValue::from_static("envoy"));
         let body = if eos {
             HostBody::Empty
         } else {
@@ -1211,13 +1219,9 @@ impl Stream {
             self.body_tx = Some(tx);
             body
         };
-        let response = match builder.body(body) {
-            Ok(response) => response,
-            Err(e) => {
-                self.logs().host(format!("FILTER BUG: invalid response header: {e}"));
-                return self.reset();
-            }
-        };
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        *response.headers_mut() = map;
         if let Some(tx) = self.head_tx.take() {
             let _ = tx.send(Ok(response));
         }
@@ -1500,19 +1504,30 @@ fn request_id() -> String {
 pub fn upstream_request(headers: &Headers, body: HostBody) -> Result<Request<HostBody>, String> {
     let method = headers.first(":method").unwrap_or(b"GET");
     let path = headers.first_str(":path").unwrap_or("/");
-    let mut builder = Request::builder()
-        .method(hyper::Method::from_bytes(method).map_err(|e| e.to_string())?)
-        .uri(path);
+    // Parts filled in place: `Request::builder()` moves its whole state once per header.
+    let mut request = Request::new(body);
+    *request.method_mut() = hyper::Method::from_bytes(method).map_err(|e| e.to_string())?;
+    *request.uri_mut() = path.parse().map_err(|e: hyper::http::uri::InvalidUri| e.to_string())?;
+    let map = request.headers_mut();
+    map.reserve(headers.len());
     if let Some(authority) = headers.first(":authority") {
-        builder = builder.header(hyper::header::HOST, authority);
+        map.append(hyper::header::HOST, header_value(authority)?);
     }
     for (name, value) in headers.pairs() {
         if name.first() == Some(&b':') || name == b"host" {
             continue;
         }
-        builder = builder.header(name.as_slice(), value.as_slice());
+        map.append(header_name(name)?, header_value(value)?);
     }
-    builder.body(body).map_err(|e| e.to_string())
+    Ok(request)
+}
+
+fn header_name(name: &[u8]) -> Result<hyper::header::HeaderName, String> {
+    hyper::header::HeaderName::from_bytes(name).map_err(|e| e.to_string())
+}
+
+fn header_value(value: &[u8]) -> Result<hyper::header::HeaderValue, String> {
+    hyper::header::HeaderValue::from_bytes(value).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

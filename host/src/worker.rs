@@ -74,21 +74,15 @@ fn run(
     mut shutdown: watch::Receiver<bool>,
     ready: std::sync::mpsc::Sender<Result<(), HostError>>,
 ) {
-    // A `LocalRuntime`, not a `LocalSet` on a current-thread runtime: a `LocalSet`'s task
-    // woken by the I/O driver wakes the `LocalSet` through `block_on`'s waker, which
-    // writes the driver's eventfd, a syscall and one more `epoll_wait` per socket event
-    // (two per proxied request, `perf trace`); the local runtime queues it directly.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build_local(tokio::runtime::LocalOptions::default())
-    {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             let _ = ready.send(Err(HostError::Io(format!("worker runtime: {e}"))));
             return;
         }
     };
-    runtime.block_on(async move {
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
         let contexts = match contexts(&spec) {
             Ok(contexts) => contexts,
             Err(e) => {

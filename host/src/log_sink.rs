@@ -71,24 +71,25 @@ thread_local! {
 
 /// Writes `line` to `sink`: on a worker, once its turn is over; elsewhere now.
 pub(crate) fn write(sink: &Arc<Sink>, line: String, diagnostics: &LogStore) {
-    let line = PENDING
-        .try_with(|pending| {
-            let Ok(mut pending) = pending.try_borrow_mut() else {
-                return Some(line);
-            };
-            let pending = pending.as_mut()?;
-            match pending.lines.last_mut() {
-                Some((last, text, _)) if Arc::ptr_eq(last, sink) => text.push_str(&line),
-                _ => {
-                    if pending.lines.is_empty() {
-                        pending.flusher.notify_one();
-                    }
-                    pending.lines.push((Arc::clone(sink), line, diagnostics.clone()));
+    let mut line = Some(line);
+    let _ = PENDING.try_with(|pending| {
+        let Ok(mut pending) = pending.try_borrow_mut() else {
+            return;
+        };
+        let (Some(pending), Some(text)) = (pending.as_mut(), line.take()) else {
+            return;
+        };
+        match pending.lines.last_mut() {
+            Some((last, held, _)) if Arc::ptr_eq(last, sink) => held.push_str(&text),
+            _ => {
+                if pending.lines.is_empty() {
+                    pending.flusher.notify_one();
                 }
+                pending.lines.push((Arc::clone(sink), text, diagnostics.clone()));
             }
-            None
-        })
-        .unwrap_or(None);
+        }
+    });
+    // Not a worker (or its thread-locals are gone): written now, never dropped.
     if let Some(line) = line {
         sink.write_now(&line, diagnostics);
     }

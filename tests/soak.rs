@@ -274,6 +274,7 @@ fn gateway() -> Gateway {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
         ),
+        ..HostOptions::default()
     };
     let host = waygate_host::start(&serde_yaml::to_string(&doc).unwrap(), options).unwrap();
     let addr = host.listener_addr("waygate").unwrap();

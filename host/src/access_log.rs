@@ -25,8 +25,8 @@
 //! A line is written once the stream is over, after the plugin's `on_log` (Envoy's
 //! `FilterManager::log` runs the filters' access log handlers first, then the HCM's
 //! loggers: `filter_access_loggers_first`), so a value the plugin sets in `on_log` is
-//! printed. The sink gets it once the worker's turn is over (`log_sink`, as Envoy's
-//! access log files are written off the request path). Every line is also kept for
+//! printed. The sink buffers it and its flush thread writes it (`log_sink`, as Envoy's
+//! `AccessLogFileImpl` does, off the request path). Every line is also kept for
 //! [`crate::RunningHost::access_log_lines`].
 
 use std::collections::{HashMap, VecDeque};
@@ -36,8 +36,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::log_sink::{self, Sink};
-use crate::logs::LogStore;
+use crate::log_sink::Sink;
 use crate::stream::headers::Headers;
 
 /// Envoy's `DefaultUnspecifiedValueString`.
@@ -448,8 +447,8 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 // ------------------------------------------------------------------------ sinks
 
-/// Where a logger writes (validated config; files are opened by [`Logger::open`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a logger writes (validated config; opened as a [`Sink`] at startup).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SinkConfig {
     Stdout,
     Stderr,
@@ -500,23 +499,26 @@ pub(crate) struct Logger {
 }
 
 impl Logger {
-    /// Opens the sink (a file is created if needed and appended to, as Envoy's file access
-    /// log does; a file that cannot be opened stops startup).
-    pub fn open(config: &AccessLogConfig, store: AccessLogStore) -> Result<Self, String> {
-        Ok(Self {
+    /// A logger for `config` writing to `sink` (opened from `config.sink`, and shared by
+    /// every logger with the same destination).
+    pub fn new(config: &AccessLogConfig, sink: Arc<Sink>, store: AccessLogStore) -> Self {
+        Self {
             format: Arc::clone(&config.format),
-            sink: Arc::new(Sink::open(&config.sink)?),
+            sink,
             store,
-        })
+        }
     }
 
-    /// Formats one entry, keeps it (without its final newline) and writes it, at once or,
-    /// on a worker, once the worker's turn is over (see [`crate::log_sink`]).
-    pub fn log(&self, entry: &Entry<'_>, diagnostics: &LogStore) {
+    /// Formats one entry, keeps it (without its final newline) and hands it to the sink,
+    /// whose flush thread writes it (see [`crate::log_sink`]).
+    pub fn log(&self, entry: &Entry<'_>) {
         let line = self.format.render(entry);
-        let kept = line.strip_suffix('\n').unwrap_or(&line).to_owned();
+        self.sink.write(&line);
+        let mut kept = line;
+        if kept.ends_with('\n') {
+            kept.pop();
+        }
         self.store.push(kept);
-        log_sink::write(&self.sink, line, diagnostics);
     }
 }
 

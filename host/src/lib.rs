@@ -47,6 +47,7 @@ use tokio::sync::watch;
 
 use crate::guest_time::GuestTime;
 
+pub use log_sink::FileFlush;
 pub use logs::LogLevel;
 
 /// How to run a bootstrap.
@@ -66,6 +67,9 @@ pub struct HostOptions {
     /// How long a worker keeps polling its sockets after its last read before it sleeps
     /// (`busy_poll`; zero, the default, sleeps at once as Envoy does).
     pub busy_poll: Duration,
+    /// When access log lines are written out (Envoy's `--file-flush-interval-msec` and
+    /// `--file-flush-min-size-kb`; default Envoy's 10 s and 64 KiB).
+    pub file_flush: FileFlush,
 }
 
 impl Default for HostOptions {
@@ -76,6 +80,7 @@ impl Default for HostOptions {
             base_dir: PathBuf::from("."),
             log_level: LogLevel::Info,
             busy_poll: Duration::ZERO,
+            file_flush: FileFlush::default(),
         }
     }
 }
@@ -112,6 +117,8 @@ pub struct RunningHost {
     admin: Option<SocketAddr>,
     logs: logs::LogStore,
     access_logs: access_log::AccessLogStore,
+    /// Every access log destination, closed (flushed) once the workers are gone.
+    sinks: Vec<Arc<log_sink::Sink>>,
     shared: Arc<shared::Shared>,
     shutdown: watch::Sender<bool>,
     acceptor: Option<tokio::runtime::Runtime>,
@@ -163,6 +170,9 @@ impl RunningHost {
         }
         for worker in self.workers.drain(..) {
             let _ = worker.join();
+        }
+        for sink in &self.sinks {
+            sink.close();
         }
     }
 }
@@ -217,16 +227,25 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
         }
     }
 
-    // Access log files are opened (created, appended to) before anything serves.
+    // Access log files are opened (created, appended to) before anything serves; loggers
+    // with the same destination share its sink (Envoy keeps one file object per path).
     let access_logs = access_log::AccessLogStore::default();
+    let mut sinks: HashMap<access_log::SinkConfig, Arc<log_sink::Sink>> = HashMap::new();
     let mut loggers = HashMap::new();
     for listener in &bootstrap.listeners {
         let mut opened = Vec::new();
         for config in &listener.access_logs {
-            opened.push(
-                access_log::Logger::open(config, access_logs.clone())
-                    .map_err(|e| HostError::Io(format!("listener {}: {e}", listener.name)))?,
-            );
+            let sink = match sinks.get(&config.sink) {
+                Some(sink) => Arc::clone(sink),
+                None => {
+                    let sink = log_sink::Sink::open(&config.sink, options.file_flush, logs.clone())
+                        .map_err(|e| HostError::Io(format!("listener {}: {e}", listener.name)))?;
+                    let sink = Arc::new(sink);
+                    sinks.insert(config.sink.clone(), Arc::clone(&sink));
+                    sink
+                }
+            };
+            opened.push(access_log::Logger::new(config, sink, access_logs.clone()));
         }
         loggers.insert(listener.name.clone(), Arc::new(opened));
     }
@@ -298,6 +317,7 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
         admin,
         logs: logs.clone(),
         access_logs,
+        sinks: sinks.into_values().collect(),
         shared: Arc::clone(&shared),
         shutdown,
         acceptor: None,

@@ -1,4 +1,5 @@
-//! `waygate-host -c <bootstrap.yaml> [--concurrency N] [--busy-poll-us N] [--log-level LEVEL]` runs the host
+//! `waygate-host -c <bootstrap.yaml> [--concurrency N] [--busy-poll-us N] [--log-level LEVEL]
+//! [--file-flush-interval-msec N] [--file-flush-min-size-kb N]` runs the host
 //! until SIGINT/SIGTERM; `waygate-host fake-providers --listen ADDR` runs the fakes.
 
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const USAGE: &str = "usage:
   waygate-host -c <bootstrap.yaml> [--concurrency N] [--busy-poll-us N]
                   [--log-level trace|debug|info|warn|error|critical]
+                  [--file-flush-interval-msec N] [--file-flush-min-size-kb N]
   waygate-host fake-providers --listen 127.0.0.1:PORT";
 
 fn main() -> ExitCode {
@@ -59,11 +61,14 @@ fn run(args: &[String]) -> Result<(), String> {
                     .map_err(|_| format!("--concurrency {text}: not a number"))?;
             }
             "--busy-poll-us" => {
-                let text = value()?;
-                let micros: u64 = text
-                    .parse()
-                    .map_err(|_| format!("--busy-poll-us {text}: not a number"))?;
-                options.busy_poll = std::time::Duration::from_micros(micros);
+                options.busy_poll = std::time::Duration::from_micros(number(arg, &value()?)?);
+            }
+            "--file-flush-interval-msec" => {
+                options.file_flush.interval = std::time::Duration::from_millis(number(arg, &value()?)?);
+            }
+            "--file-flush-min-size-kb" => {
+                let kib = number(arg, &value()?)?;
+                options.file_flush.min_size = usize::try_from(kib.saturating_mul(1024)).unwrap_or(usize::MAX);
             }
             "--log-level" => {
                 let text = value()?;
@@ -97,6 +102,11 @@ fn run(args: &[String]) -> Result<(), String> {
     eprintln!("waygate-host: shutting down");
     host.shutdown();
     Ok(())
+}
+
+/// A flag's unsigned value.
+fn number(flag: &str, text: &str) -> Result<u64, String> {
+    text.parse().map_err(|_| format!("{flag} {text}: not a number"))
 }
 
 /// Listener names in file order, for the ready message.

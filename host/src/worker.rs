@@ -96,7 +96,6 @@ fn run(
             tokio::task::spawn_local(ticks(Rc::clone(ctx)));
         }
         crate::busy_poll::start(spec.busy_poll);
-        tokio::task::spawn_local(crate::log_sink::flusher());
         let _ = ready.send(Ok(()));
         loop {
             tokio::select! {
@@ -110,7 +109,6 @@ fn run(
             }
         }
     });
-    crate::log_sink::flush();
 }
 
 fn contexts(spec: &WorkerSpec) -> Result<Vec<Rc<ListenerCtx>>, HostError> {

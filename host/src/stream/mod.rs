@@ -1343,7 +1343,7 @@ impl Stream {
             filter_state: &self.hs.filter_state,
         };
         for logger in self.ctx.access_logs.iter() {
-            logger.log(&entry, &self.ctx.logs);
+            logger.log(&entry);
         }
     }
 }

@@ -418,17 +418,21 @@ impl Stream {
         }
     }
 
+    /// The plugin's `failure_policy` (fail closed, Envoy's default, when there is none).
+    fn failure_policy(&self) -> FailurePolicy {
+        self.ctx
+            .listener
+            .wasm
+            .as_ref()
+            .map_or(FailurePolicy::FailClosed, |w| w.failure_policy)
+    }
+
     /// Envoy `CHECK_FAIL_HTTP`: fail open continues without the filter; fail closed sends
     /// 503 `wasm_fail_stream` (or resets when the response has started).
     fn vm_failed(&mut self) {
         self.filter_off = true;
         self.hs.deferred.clear();
-        let policy = self
-            .ctx
-            .listener
-            .wasm
-            .as_ref()
-            .map_or(FailurePolicy::FailClosed, |w| w.failure_policy);
+        let policy = self.failure_policy();
         if policy == FailurePolicy::FailClosed {
             self.local_reply(local_reply::from_reason(reasons::WASM_FAIL_STREAM, self.is_head));
         }

@@ -113,12 +113,7 @@ impl Stream {
 
     fn failed_at_start(&mut self) {
         self.filter_off = true;
-        let policy = self
-            .ctx
-            .listener
-            .wasm
-            .as_ref()
-            .map_or(FailurePolicy::FailClosed, |w| w.failure_policy);
+        let policy = self.failure_policy();
         match policy {
             FailurePolicy::FailClosed => {
                 self.local_reply(local_reply::from_reason(reasons::WASM_FAIL_STREAM, self.is_head));

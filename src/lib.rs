@@ -17,7 +17,8 @@
 //!    Whatever came from a provider has its credential scrubbed ([`redact`]).
 //! 5. The access log line comes from [`exchange::Exchange::access_log`].
 //!
-//! [`config`] parses the plugin configuration once per VM; [`memory`] is the
+//! [`config`] parses the plugin configuration once per VM; [`dom`] reads JSON
+//! into a `Value` literally (no key taken as serde_json's raw-value marker); [`memory`] is the
 //! VM's allocator (installed by the shell); [`members`], [`split`], [`layout`]
 //! and [`scan`] serve the hot paths (targeted JSON rewrites, one-pass reads,
 //! stream events recognised by their layout, word-at-a-time searches).
@@ -25,6 +26,7 @@
 pub mod answer;
 pub mod auth;
 pub mod config;
+pub mod dom;
 pub mod errors;
 pub mod exchange;
 pub mod glob;

@@ -48,7 +48,7 @@ impl ParsedRequest {
         if let Some(dom) = self.dom.get() {
             return Ok(dom);
         }
-        let Ok(Value::Object(dom)) = serde_json::from_str(&self.raw) else {
+        let Ok(Value::Object(dom)) = crate::dom::parse(&self.raw) else {
             return Err(unreadable());
         };
         Ok(self.dom.get_or_init(|| dom))
@@ -77,7 +77,7 @@ impl ParsedRequest {
         }
         match self.members()?.get(name) {
             None => Ok(None),
-            Some(raw) => serde_json::from_str(raw.get()).map(Some).map_err(|_| unreadable()),
+            Some(raw) => crate::dom::parse(raw.get()).map(Some).map_err(|_| unreadable()),
         }
     }
 }
@@ -129,8 +129,8 @@ fn validate_dom(
     // Invalid UTF-8 is parsed as bytes only for serde's error, which names
     // where the bad byte is.
     let parsed = match text {
-        Ok(text) => serde_json::from_str(text),
-        Err(_) => serde_json::from_slice(bytes),
+        Ok(text) => crate::dom::parse(text),
+        Err(_) => crate::dom::parse_slice(bytes),
     };
     let value: Value = parsed.map_err(|e| {
         ApiError::bad_request("invalid_json", "body", format!("Request body is not valid JSON: {e}.")).with_param_none()
@@ -436,6 +436,29 @@ mod tests {
             err(r#"{"model":"a/b","messages":[{"role":"user","content":"x"}],"stop":[1]}"#),
             (400, "invalid_type".into(), p("stop.0"))
         );
+    }
+
+    /// serde_json's raw-value marker key is an ordinary key to the validator: the value
+    /// checked is the value forwarded (serde_json's `Value` would read `0.5` here).
+    #[test]
+    fn the_raw_value_marker_key_is_read_as_written() {
+        let p = |s: &str| Some(s.to_string());
+        assert_eq!(
+            err(
+                r#"{"model":"a/b","messages":[{"role":"user","content":"x"}],"temperature":{"$serde_json::private::RawValue":"0.5"}}"#
+            ),
+            (400, "invalid_type".into(), p("temperature"))
+        );
+        assert_eq!(
+            err(r#"{"model":{"$serde_json::private::RawValue":"\"a/b\""},"messages":[{"role":"user","content":"x"}]}"#),
+            (400, "invalid_type".into(), p("model"))
+        );
+        let r = chat(r#"{"model":"a/b","messages":[{"role":"user","content":"x"}],"metadata":{"$serde_json::private::RawValue":"[1]"}}"#).unwrap();
+        assert_eq!(
+            r.member("metadata").unwrap(),
+            Some(serde_json::json!({"$serde_json::private::RawValue": "[1]"}))
+        );
+        assert!(r.body().unwrap()["metadata"].is_object());
     }
 
     #[test]

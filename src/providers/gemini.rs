@@ -174,7 +174,7 @@ fn conversation(messages: &[Message<'_>], signatures: bool) -> Result<(Vec<Value
                         "must be the id of a tool call in an earlier assistant message",
                     ));
                 };
-                let response = match serde_json::from_str::<Value>(content) {
+                let response = match crate::dom::parse(content) {
                     Ok(object @ Value::Object(_)) => object,
                     _ => json!({"result": content}),
                 };
@@ -762,7 +762,7 @@ impl StreamTranslator for GeminiStream {
 /// the code is the `status` string. (`streamGenerateContent` without
 /// `alt=sse` wraps it in an array.)
 pub fn error_details(body: &[u8]) -> ErrorDetails {
-    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+    let Ok(value) = crate::dom::parse_slice(body) else {
         return ErrorDetails::default();
     };
     let value = match &value {

@@ -101,7 +101,7 @@ fn internal() -> ApiError {
 
 /// Checks a provider's 2xx body and reads its usage.
 pub fn translate_answer(_request: &ParsedRequest, body: &[u8]) -> Result<(Value, Usage), String> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let value = crate::dom::parse_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
     if !value.get("choices").is_some_and(Value::is_array) {
         return Err("answer has no 'choices' array".into());
     }
@@ -179,7 +179,7 @@ impl StreamTranslator for OpenAiStream {
 /// provider's own `{"error": {"message": ...}}` (OpenAI and Gemini both send
 /// that shape mid-stream).
 pub fn json_event(data: &str) -> Result<Value, ApiError> {
-    let Ok(value) = serde_json::from_str::<Value>(data) else {
+    let Ok(value) = crate::dom::parse(data) else {
         return Err(interrupted("The provider sent an event that is not JSON."));
     };
     if let Some(error) = value.get("error") {
@@ -199,7 +199,7 @@ pub fn interrupted(message: &str) -> ApiError {
 
 /// `{"error": {"message": ..., "code": ...}}`, OpenAI's error shape.
 pub fn error_details(body: &[u8]) -> ErrorDetails {
-    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+    let Ok(value) = crate::dom::parse_slice(body) else {
         return ErrorDetails::default();
     };
     let error = value.get("error").unwrap_or(&Value::Null);

@@ -56,7 +56,8 @@ struct Inner {
 
 #[derive(Default)]
 struct Buffered {
-    bytes: Vec<u8>,
+    /// Whole lines, so every write is whole lines too.
+    text: String,
     /// The flush thread writes what is left and ends; later lines are written at once.
     closed: bool,
 }
@@ -107,12 +108,12 @@ impl Sink {
         let mut state = self.inner.lock();
         if state.closed {
             drop(state);
-            self.inner.target.write(line.as_bytes(), &self.inner.diagnostics);
+            self.inner.target.write(line, &self.inner.diagnostics);
             return;
         }
-        let before = state.bytes.len();
-        state.bytes.extend_from_slice(line.as_bytes());
-        if before <= self.inner.flush.min_size && state.bytes.len() > self.inner.flush.min_size {
+        let before = state.text.len();
+        state.text.push_str(line);
+        if before <= self.inner.flush.min_size && state.text.len() > self.inner.flush.min_size {
             self.inner.wake.notify_one();
         }
     }
@@ -142,12 +143,12 @@ impl Inner {
     /// The flush thread: waits for a full buffer, the interval or the close, then writes
     /// the buffer with the lock released (workers keep appending meanwhile).
     fn run(&self) {
-        let mut held = Vec::new();
+        let mut held = String::new();
         loop {
             let closed = {
                 let deadline = Instant::now() + self.flush.interval;
                 let mut state = self.lock();
-                while !state.closed && state.bytes.len() <= self.flush.min_size {
+                while !state.closed && state.text.len() <= self.flush.min_size {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         break;
@@ -159,7 +160,7 @@ impl Inner {
                         .0;
                 }
                 // Swapped, not taken: both buffers keep their capacity.
-                std::mem::swap(&mut held, &mut state.bytes);
+                std::mem::swap(&mut held, &mut state.text);
                 state.closed
             };
             if !held.is_empty() {
@@ -174,18 +175,14 @@ impl Inner {
 }
 
 impl Target {
-    fn write(&self, bytes: &[u8], diagnostics: &LogStore) {
+    fn write(&self, text: &str, diagnostics: &LogStore) {
         match self {
             // `print!` goes through the test harness's output capture (which the flush
             // thread inherits); its panic on a closed stdout is caught, and the sink stops.
-            Self::Stdout => print_guarded(&STDOUT_BROKEN, diagnostics, "stdout", || {
-                print!("{}", String::from_utf8_lossy(bytes));
-            }),
-            Self::Stderr => print_guarded(&STDERR_BROKEN, diagnostics, "stderr", || {
-                eprint!("{}", String::from_utf8_lossy(bytes));
-            }),
+            Self::Stdout => print_guarded(&STDOUT_BROKEN, diagnostics, "stdout", || print!("{text}")),
+            Self::Stderr => print_guarded(&STDERR_BROKEN, diagnostics, "stderr", || eprint!("{text}")),
             Self::File { path, file } => {
-                if let Err(e) = (&*file).write_all(bytes) {
+                if let Err(e) = (&*file).write_all(text.as_bytes()) {
                     diagnostics.host(format!("access log {}: {e}", path.display()));
                 }
             }

@@ -16,6 +16,10 @@
 //! first byte written to its last byte read; p50/p99 from all of them, req/s from the
 //! wall time. Streams also time the first body byte (the first SSE frame).
 //!
+//! The header names the machine's idle polling: on a virtual machine a halted CPU is
+//! woken through the hypervisor, which dominates c = 1 here. `WAYGATE_BENCH_HALT_POLL_NS`
+//! sets it for one run (see [`HALT_POLL_PARAM`]).
+//!
 //! Peers (`WAYGATE_BENCH_PEERS`, default `tensorzero`) are installed into
 //! target/bench/peers from PyPI or npm and pinned to CPU 0 like the gateway: TensorZero's
 //! Rust gateway (served over HTTP from its PyPI wheel), LiteLLM's proxy, Portkey's gateway.
@@ -260,6 +264,8 @@ fn run() -> Result<(), Error> {
         None
     };
 
+    // Set last, so that a setup error leaves the machine as it was sooner; restored on drop.
+    let halt_poll = HaltPoll::from_env()?;
     println!(
         "== e2e: gateway = waygate-host --concurrency 1 + waygate.wasm{}; load generator and fake upstream {}",
         if pin {
@@ -269,6 +275,7 @@ fn run() -> Result<(), Error> {
         },
         if pin { "on CPU 1" } else { "unpinned" },
     );
+    println!("machine: {}", halt_poll.describe());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 
     // Concurrency 1: rounds interleaved so a noisy neighbour hits every target alike.
@@ -1045,6 +1052,67 @@ impl GuestTime {
             }
         }
         self.per_us.len()
+    }
+}
+
+/// Where Linux's `cpuidle-haltpoll` driver (the guest side of KVM-style VMs) keeps how
+/// long an idle CPU polls before it halts. A halted virtual CPU is woken through the
+/// hypervisor, which on the build machine costs tens of µs each time; a request through a
+/// gateway wakes CPUs four times at c = 1 (in and out of the gateway's CPU, out to and back
+/// from the upstream's), the direct upstream none. The kernel's default is 200 µs; this
+/// machine boots with 0 (`haltpoll.guest_halt_poll_ns=0`), so c = 1 figures here carry
+/// those wake-ups.
+const HALT_POLL_PARAM: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
+/// `WAYGATE_BENCH_HALT_POLL_NS=<ns>` sets [`HALT_POLL_PARAM`] for the run (root only) and
+/// puts the old value back at the end: the same run on the same machine idling as the
+/// kernel's default would have it (`200000`).
+const HALT_POLL_ENV: &str = "WAYGATE_BENCH_HALT_POLL_NS";
+
+/// The machine's idle polling for this run, and what to put back.
+struct HaltPoll {
+    /// The value before this run changed it.
+    previous: Option<String>,
+}
+
+impl HaltPoll {
+    fn from_env() -> Result<HaltPoll, Error> {
+        let Ok(wanted) = std::env::var(HALT_POLL_ENV) else {
+            return Ok(HaltPoll { previous: None });
+        };
+        let wanted: u64 = wanted
+            .trim()
+            .parse()
+            .map_err(|e| format!("{HALT_POLL_ENV}={wanted}: {e}"))?;
+        let previous = std::fs::read_to_string(HALT_POLL_PARAM)
+            .map_err(|e| format!("{HALT_POLL_ENV} needs {HALT_POLL_PARAM} (cpuidle-haltpoll): {e}"))?;
+        std::fs::write(HALT_POLL_PARAM, wanted.to_string())
+            .map_err(|e| format!("{HALT_POLL_ENV}: cannot write {HALT_POLL_PARAM} (root only): {e}"))?;
+        Ok(HaltPoll {
+            previous: Some(previous.trim().to_string()),
+        })
+    }
+
+    fn describe(&self) -> String {
+        let read = |path: &str| std::fs::read_to_string(path).ok().map(|s| s.trim().to_string());
+        let driver = read("/sys/devices/system/cpu/cpuidle/current_driver").unwrap_or_else(|| "none".into());
+        let Some(ns) = read(HALT_POLL_PARAM) else {
+            return format!("cpuidle driver {driver}");
+        };
+        let set_here = match &self.previous {
+            Some(previous) => format!(" (set by {HALT_POLL_ENV} for this run; it was {previous})"),
+            None => format!(" (kernel default 200000; {HALT_POLL_ENV}=200000 runs with it)"),
+        };
+        format!("cpuidle driver {driver}, an idle CPU polls {ns} ns before it halts{set_here}")
+    }
+}
+
+impl Drop for HaltPoll {
+    fn drop(&mut self) {
+        if let Some(previous) = &self.previous
+            && let Err(e) = std::fs::write(HALT_POLL_PARAM, previous)
+        {
+            eprintln!("could not put {HALT_POLL_PARAM} back to {previous}: {e}");
+        }
     }
 }
 

@@ -55,10 +55,8 @@ fn run(args: &[String]) -> Result<(), String> {
         match arg.as_str() {
             "-c" | "--config-path" => config = Some(PathBuf::from(value()?)),
             "--concurrency" => {
-                let text = value()?;
-                options.concurrency = text
-                    .parse()
-                    .map_err(|_| format!("--concurrency {text}: not a number"))?;
+                let workers = number(arg, &value()?)?;
+                options.concurrency = usize::try_from(workers).map_err(|_| format!("{arg} {workers}: too many"))?;
             }
             "--busy-poll-us" => {
                 options.busy_poll = std::time::Duration::from_micros(number(arg, &value()?)?);

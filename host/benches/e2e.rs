@@ -264,7 +264,8 @@ fn run() -> Result<(), Error> {
         None
     };
 
-    // Set last, so that a setup error leaves the machine as it was sooner; restored on drop.
+    // Changed only once every server is up, so a failed start leaves the machine alone;
+    // the guard puts the old value back when `run` returns, by error or not.
     let halt_poll = HaltPoll::from_env()?;
     println!(
         "== e2e: gateway = waygate-host --concurrency 1 + waygate.wasm{}; load generator and fake upstream {}",
@@ -1065,7 +1066,8 @@ impl GuestTime {
 const HALT_POLL_PARAM: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
 /// `WAYGATE_BENCH_HALT_POLL_NS=<ns>` sets [`HALT_POLL_PARAM`] for the run (root only) and
 /// puts the old value back at the end: the same run on the same machine idling as the
-/// kernel's default would have it (`200000`).
+/// kernel's default would have it (`200000`). A run killed by a signal cannot put it back;
+/// the next run's header shows the value it finds.
 const HALT_POLL_ENV: &str = "WAYGATE_BENCH_HALT_POLL_NS";
 
 /// The machine's idle polling for this run, and what to put back.

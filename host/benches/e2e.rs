@@ -3,13 +3,14 @@
 //! same run.
 //!
 //! Processes: the gateway (`waygate-host -c <envoy/local.yaml with ports swapped>
-//! --concurrency 1`) pinned to CPU 0 with `taskset`; this load generator and the fake
-//! providers (`waygate-host fake-providers`) on CPU 1. A second host, the same bootstrap
-//! without the wasm filter and with the `fake` route matched without the cluster header,
-//! gives the host's own cost, so `gateway - host without filter` is the filter's cost.
-//! Two bare TCP relays on CPU 0, one sleeping and one polling, give the floor of any
-//! proxy on this topology; each gateway's admin (`/host/guest_time`, read after each
-//! load) gives how long its guest ran per request, apart from the host's own work.
+//! --concurrency 1 --log-path <file>`) pinned to CPU 0 with `taskset`; this load
+//! generator and the fake providers (`waygate-host fake-providers`) on CPU 1. A second
+//! host, the same bootstrap without the wasm filter and with the `fake` route matched
+//! without the cluster header, gives the host's own cost, so `gateway - host without
+//! filter` is the filter's cost. Two bare TCP relays on CPU 0, one sleeping and one
+//! polling, give the floor of any proxy on this topology; each gateway's admin
+//! (`/host/guest_time`, read after each load) gives how long its guest ran per request,
+//! apart from the host's own work.
 //!
 //! The load generator is raw HTTP/1.1 over keep-alive connections on one tokio thread:
 //! a fixed number of requests shared by `c` connections, each request timed from its
@@ -200,6 +201,9 @@ fn run() -> Result<(), Error> {
     let host = |yaml: &Path, busy_poll: bool, log: &Path| -> Result<Proc, Error> {
         let mut cmd = on_cpu0(pin, &host_bin);
         cmd.arg("-c").arg(yaml).args(["--concurrency", "1"]).current_dir(&root);
+        // The plugin's access line goes through the buffered `--log-path` file, as an
+        // Envoy run for speed would have it, not a `write` to stderr per request.
+        cmd.arg("--log-path").arg(log.with_extension("app.log"));
         if busy_poll {
             cmd.args(["--busy-poll-us", BUSY_POLL_US]);
         }

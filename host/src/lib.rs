@@ -70,6 +70,10 @@ pub struct HostOptions {
     /// When access log lines are written out (Envoy's `--file-flush-interval-msec` and
     /// `--file-flush-min-size-kb`; default Envoy's 10 s and 64 KiB).
     pub file_flush: FileFlush,
+    /// Envoy's `--log-path`: the plugins' and the host's log lines go to this file,
+    /// buffered and flushed as access log files are, instead of one `write` to stderr per
+    /// line from the worker. Relative to the working directory, as in Envoy.
+    pub log_path: Option<PathBuf>,
 }
 
 impl Default for HostOptions {
@@ -81,6 +85,7 @@ impl Default for HostOptions {
             log_level: LogLevel::Info,
             busy_poll: Duration::ZERO,
             file_flush: FileFlush::default(),
+            log_path: None,
         }
     }
 }
@@ -196,7 +201,21 @@ fn bind(host: &str, port: u16) -> Result<TcpListener, HostError> {
 /// has accepted its configuration.
 pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, HostError> {
     let bootstrap = config::parse(bootstrap_yaml, &options.base_dir)?;
-    let logs = logs::LogStore::default();
+    // Every log destination, opened before anything serves; an access logger naming the
+    // `--log-path` file shares its sink (Envoy keeps one file object per path).
+    let mut sinks: HashMap<access_log::SinkConfig, Arc<log_sink::Sink>> = HashMap::new();
+    let logs = match &options.log_path {
+        None => logs::LogStore::default(),
+        Some(path) => {
+            let config = access_log::SinkConfig::File(path.clone());
+            // A failed write to the log file is reported on stderr, not to itself.
+            let sink = log_sink::Sink::open(&config, options.file_flush, logs::LogStore::default())
+                .map_err(|e| HostError::Io(format!("--log-path {e}")))?;
+            let sink = Arc::new(sink);
+            sinks.insert(config, Arc::clone(&sink));
+            logs::LogStore::writing_to(sink)
+        }
+    };
     let shared = Arc::new(shared::Shared::default());
     let cluster_names: HashSet<String> = bootstrap.clusters.keys().cloned().collect();
     let env = |key: &str| match &options.env {
@@ -228,9 +247,8 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
     }
 
     // Access log files are opened (created, appended to) before anything serves; loggers
-    // with the same destination share its sink (Envoy keeps one file object per path).
+    // with the same destination share its sink.
     let access_logs = access_log::AccessLogStore::default();
-    let mut sinks: HashMap<access_log::SinkConfig, Arc<log_sink::Sink>> = HashMap::new();
     let mut loggers = HashMap::new();
     for listener in &bootstrap.listeners {
         let mut opened = Vec::new();
@@ -239,7 +257,7 @@ pub fn start(bootstrap_yaml: &str, options: HostOptions) -> Result<RunningHost, 
                 Some(sink) => Arc::clone(sink),
                 None => {
                     let sink = log_sink::Sink::open(&config.sink, options.file_flush, logs.clone())
-                        .map_err(|e| HostError::Io(format!("listener {}: {e}", listener.name)))?;
+                        .map_err(|e| HostError::Io(format!("listener {}: access log {e}", listener.name)))?;
                     let sink = Arc::new(sink);
                     sinks.insert(config.sink.clone(), Arc::clone(&sink));
                     sink

@@ -1,5 +1,6 @@
 //! Where access log lines go (stdout, stderr, a file), and when: as Envoy's
-//! `AccessLogFileImpl` does, never from the request path.
+//! `AccessLogFileImpl` does, never from the request path. The `--log-path` file (the
+//! host's and plugins' log) is one of these too, as in Envoy.
 //!
 //! A worker appends the line to the sink's buffer under a lock and goes on; the sink's
 //! flush thread writes the buffer out once it holds more than the minimum flush size
@@ -72,6 +73,17 @@ enum Target {
 static STDOUT_BROKEN: AtomicBool = AtomicBool::new(false);
 static STDERR_BROKEN: AtomicBool = AtomicBool::new(false);
 
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let target = match &self.inner.target {
+            Target::Stdout => "stdout".to_owned(),
+            Target::Stderr => "stderr".to_owned(),
+            Target::File { path, .. } => path.display().to_string(),
+        };
+        f.debug_struct("Sink").field("target", &target).finish_non_exhaustive()
+    }
+}
+
 impl Sink {
     /// Opens the destination (a file is created if needed and appended to; one that
     /// cannot be opened stops startup) and starts its flush thread.
@@ -95,7 +107,7 @@ impl Sink {
         let flusher = std::thread::Builder::new()
             .name("wg-log-flush".to_owned())
             .spawn(move || thread.run())
-            .map_err(|e| format!("access log flush thread: {e}"))?;
+            .map_err(|e| format!("log flush thread: {e}"))?;
         Ok(Self {
             inner,
             flusher: Mutex::new(Some(flusher)),
@@ -183,7 +195,7 @@ impl Target {
             Self::Stderr => print_guarded(&STDERR_BROKEN, diagnostics, "stderr", || eprint!("{text}")),
             Self::File { path, file } => {
                 if let Err(e) = (&*file).write_all(text.as_bytes()) {
-                    diagnostics.host(format!("access log {}: {e}", path.display()));
+                    diagnostics.host(format!("cannot write {}: {e}", path.display()));
                 }
             }
         }
@@ -205,7 +217,7 @@ fn open_append(path: &Path) -> Result<std::fs::File, String> {
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|e| format!("access log {}: {e}", path.display()))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]

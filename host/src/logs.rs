@@ -1,4 +1,5 @@
-//! Plugin log lines: printed to stderr, the most recent kept for [`crate::RunningHost::logs`].
+//! Plugin log lines: printed to stderr (or the `--log-path` file), the most recent kept
+//! for [`crate::RunningHost::logs`].
 //!
 //! Envoy writes `wasm log <plugin_name> <root_id> <vm_id>: <message>` to its `wasm`
 //! logger (`Context::log`, context.cc); the level is in spdlog's prefix. We print
@@ -7,6 +8,10 @@
 //! info, like Envoy's `wasm` component) are dropped, as Envoy drops them; WASI
 //! `fd_write` to stdout/stderr arrives here at info/error (cpp-host `exports.cc`).
 //! Host-side diagnostics (`waygate-host: ...`) go to the same store.
+//!
+//! Envoy writes its application log to stderr a line at a time, a `write` on the worker's
+//! thread for each; with `--log-path` it goes through the access log manager instead
+//! (`FileSinkDelegate`), buffered and written by the flush thread. So do we.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -14,6 +19,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use proxy_wasm_host::abi::v0_2_1::types::LogLevel as AbiLevel;
 use proxy_wasm_host::abi::v0_2_1::{LogContext, LogSink};
+
+use crate::log_sink::Sink;
 
 /// The lowest level that is printed and kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -83,6 +90,8 @@ pub const KEPT_LINES: usize = 10_000;
 #[derive(Debug, Default, Clone)]
 pub struct LogStore {
     kept: Arc<Mutex<Kept>>,
+    /// The `--log-path` file's sink; `None` prints to stderr.
+    file: Option<Arc<Sink>>,
 }
 
 #[derive(Debug, Default)]
@@ -93,12 +102,25 @@ struct Kept {
 }
 
 impl LogStore {
+    /// A store whose lines go to `file`'s sink instead of stderr (`--log-path`).
+    pub(crate) fn writing_to(file: Arc<Sink>) -> Self {
+        Self {
+            kept: Arc::default(),
+            file: Some(file),
+        }
+    }
+
     pub fn push(&self, line: String) {
         // Stderr is unbuffered: one write for the line and its newline, not two.
-        let mut printed = Vec::with_capacity(line.len().saturating_add(1));
-        printed.extend_from_slice(line.as_bytes());
-        printed.push(b'\n');
-        let _ = std::io::stderr().write_all(&printed);
+        let mut printed = String::with_capacity(line.len().saturating_add(1));
+        printed.push_str(&line);
+        printed.push('\n');
+        match &self.file {
+            Some(file) => file.write(&printed),
+            None => {
+                let _ = std::io::stderr().write_all(printed.as_bytes());
+            }
+        }
         self.keep(line);
     }
 

@@ -1,5 +1,5 @@
 //! `waygate-host -c <bootstrap.yaml> [--concurrency N] [--busy-poll-us N] [--log-level LEVEL]
-//! [--file-flush-interval-msec N] [--file-flush-min-size-kb N]` runs the host
+//! [--log-path FILE] [--file-flush-interval-msec N] [--file-flush-min-size-kb N]` runs the host
 //! until SIGINT/SIGTERM; `waygate-host fake-providers --listen ADDR` runs the fakes.
 
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const USAGE: &str = "usage:
   waygate-host -c <bootstrap.yaml> [--concurrency N] [--busy-poll-us N]
-                  [--log-level trace|debug|info|warn|error|critical]
+                  [--log-level trace|debug|info|warn|error|critical] [--log-path FILE]
                   [--file-flush-interval-msec N] [--file-flush-min-size-kb N]
   waygate-host fake-providers --listen 127.0.0.1:PORT";
 
@@ -73,6 +73,7 @@ fn run(args: &[String]) -> Result<(), String> {
                 options.log_level =
                     LogLevel::parse(&text).ok_or_else(|| format!("--log-level {text}: unknown level"))?;
             }
+            "--log-path" => options.log_path = Some(PathBuf::from(value()?)),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());

@@ -203,6 +203,11 @@ impl Gateway {
     }
 
     pub fn with_config(plugin: &Value) -> Gateway {
+        Gateway::with_options(plugin, HostOptions::default())
+    }
+
+    /// The gateway with `options`, but two workers, no environment and the repo as base.
+    pub fn with_options(plugin: &Value, options: HostOptions) -> Gateway {
         check_wasm_is_fresh();
         let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
         let yaml = bootstrap(fakes.addr(), plugin);
@@ -210,7 +215,7 @@ impl Gateway {
             concurrency: 2,
             env: Some(Default::default()),
             base_dir: root(),
-            ..Default::default()
+            ..options
         };
         let host = waygate_host::start(&yaml, options).unwrap_or_else(|e| panic!("host did not start: {e}"));
         let addr = host.listener_addr("waygate").unwrap();

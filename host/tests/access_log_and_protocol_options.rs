@@ -240,6 +240,27 @@ fn file_logger_default_format_and_omit_empty_values() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// Envoy's `--log-path` opens its file at startup like an access log file: one that
+/// cannot be opened stops the host, naming the flag and the path.
+#[test]
+fn a_log_path_that_cannot_be_opened_stops_startup() {
+    let up = Upstream::start();
+    let path = std::env::temp_dir().join(format!("waygate-no-such-dir-{}/host.log", std::process::id()));
+    let options = HostOptions {
+        concurrency: 1,
+        env: Some(Default::default()),
+        log_path: Some(path.clone()),
+        ..Default::default()
+    };
+    let error = waygate_host::start(&Boot::new(up.addr).yaml(), options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with(&format!("--log-path {}: ", path.display())),
+        "{error}"
+    );
+}
+
 /// Format errors stop startup naming the operator and the YAML path
 /// (`SubstitutionFormatParser::parse`, `CommandSyntaxChecker::verifySyntax`,
 /// `FilterStateFormatter::create`); what the host does not implement is refused, never

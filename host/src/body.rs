@@ -25,9 +25,15 @@ pub enum HostBody {
 }
 
 impl HostBody {
-    pub fn channel() -> (ChunkSender, Self) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (tx, Self::Chan(rx))
+    /// The body of a message whose headers went out: empty when they ended the stream,
+    /// else fed through the returned sender.
+    pub fn after_headers(ended: bool) -> (Option<ChunkSender>, Self) {
+        if ended {
+            (None, Self::Empty)
+        } else {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (Some(tx), Self::Chan(rx))
+        }
     }
 
     pub fn full(bytes: impl Into<Bytes>) -> Self {

@@ -117,14 +117,27 @@ impl Sink {
     /// Buffers `line`; wakes the flush thread only when this line takes the buffer past
     /// the minimum flush size, so a worker makes no system call for it otherwise.
     pub fn write(&self, line: &str) {
+        self.append(&[line]);
+    }
+
+    /// [`Sink::write`] for a line without its newline, which is appended here rather than
+    /// joined to the line in a copy first.
+    pub fn write_line(&self, line: &str) {
+        self.append(&[line, "\n"]);
+    }
+
+    /// Buffers `parts` as one piece of text (written at once, joined, after the close).
+    fn append(&self, parts: &[&str]) {
         let mut state = self.inner.lock();
         if state.closed {
             drop(state);
-            self.inner.target.write(line, &self.inner.diagnostics);
+            self.inner.target.write(&parts.concat(), &self.inner.diagnostics);
             return;
         }
         let before = state.text.len();
-        state.text.push_str(line);
+        for part in parts {
+            state.text.push_str(part);
+        }
         if before <= self.inner.flush.min_size && state.text.len() > self.inner.flush.min_size {
             self.inner.wake.notify_one();
         }
@@ -297,7 +310,8 @@ mod tests {
         let expected: String = (0..100).map(|i| format!("line {i}\n")).collect();
         assert_eq!(read(&path), expected);
         sink.write("late\n");
-        assert_eq!(read(&path), expected + "late\n");
+        sink.write_line("later");
+        assert_eq!(read(&path), expected + "late\nlater\n");
         drop(sink);
         let _ = std::fs::remove_file(&path);
     }

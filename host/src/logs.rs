@@ -111,14 +111,14 @@ impl LogStore {
     }
 
     pub fn push(&self, line: String) {
-        // Stderr is unbuffered: one write for the line and its newline, not two.
-        let mut printed = String::with_capacity(line.len().saturating_add(1));
-        printed.push_str(&line);
-        printed.push('\n');
         match &self.file {
-            Some(file) => file.write(&printed),
+            Some(file) => file.write_line(&line),
             None => {
-                let _ = std::io::stderr().write_all(printed.as_bytes());
+                // Stderr is unbuffered: one write for the line and its newline, not two.
+                let mut printed = Vec::with_capacity(line.len().saturating_add(1));
+                printed.extend_from_slice(line.as_bytes());
+                printed.push(b'\n');
+                let _ = std::io::stderr().write_all(&printed);
             }
         }
         self.keep(line);

@@ -42,13 +42,8 @@ impl Stream {
         }
         // The HCM stamps `server: envoy`; `date` is added by hyper, as Envoy's codec does.
         map.insert(hyper::header::SERVER, hyper::header::HeaderValue::from_static("envoy"));
-        let body = if eos {
-            HostBody::Empty
-        } else {
-            let (tx, body) = HostBody::channel();
-            self.body_tx = Some(tx);
-            body
-        };
+        let (tx, body) = HostBody::after_headers(eos);
+        self.body_tx = tx;
         let mut response = Response::new(body);
         *response.status_mut() = status;
         *response.headers_mut() = map;

@@ -323,13 +323,8 @@ impl Stream {
         }
         self.up_declared = declared_length(&headers);
         let headers_only = !self.req_had_body;
-        let body = if headers_only {
-            HostBody::Empty
-        } else {
-            let (tx, body) = HostBody::channel();
-            self.up_tx = Some(tx);
-            body
-        };
+        let (tx, body) = HostBody::after_headers(headers_only);
+        self.up_tx = tx;
         if let Some(timeout) = timeout {
             // Not visible to the plugin: the router adds it to the upstream request only.
             headers.set(

@@ -402,7 +402,9 @@ fn run() -> Result<(), Error> {
         guest_line(&c64, &c64_guest)
     );
     let added = |label: &str| (c1_p50(label) - c1_p50(DIRECT)) / 1e6;
-    let c1_met = added(GATEWAY).min(added(POLLING_GATEWAY)) <= 0.05;
+    // Judged on the gateway that sleeps when idle, as Envoy's workers do; the polling one
+    // is the host's option, printed beside it.
+    let c1_met = added(GATEWAY) <= C1_TARGET_MS;
     let c64_rps = |label: &str| row(&c64, label).map_or(f64::NAN, |i| c64_stats[i].rps());
     let gateway_rps = c64_rps(GATEWAY);
     let peers: Vec<String> = c64
@@ -411,10 +413,15 @@ fn run() -> Result<(), Error> {
         .skip(ours)
         .map(|((name, _, _), s)| format!("{name} {:.0} req/s ({:.0}× fewer)", s.rps(), gateway_rps / s.rps()))
         .collect();
+    let below_floor = if !c1_met && added(RELAY) > C1_TARGET_MS {
+        "; below this machine's floor: the bare relay alone adds more than the target"
+    } else {
+        ""
+    };
     let summary = [
         format!(
             "{} p50 added at c = 1 ≤ 0.05 ms: gateway {:+.3} ms, polling gateway {:+.3} ms (a bare relay {:+.3} ms, \
-             polling {:+.3} ms; the polling host without filter {:+.3} ms{})",
+             polling {:+.3} ms; the polling host without filter {:+.3} ms{}{below_floor})",
             if c1_met { "[met]   " } else { "[missed]" },
             added(GATEWAY),
             added(POLLING_GATEWAY),
@@ -427,6 +434,7 @@ fn run() -> Result<(), Error> {
                 String::new()
             }
         ),
+        c1_against_tensorzero(tensorzero.is_some().then(|| (added(GATEWAY), added(TENSORZERO_ROW)))),
         format!(
             "{} c = 64 ≥ 1.5× TensorZero: gateway {gateway_rps:.0} req/s ({:.2}× direct), {}{}",
             match tensorzero {
@@ -518,6 +526,31 @@ fn run() -> Result<(), Error> {
         return Err("a server process died during the run".into());
     }
     Ok(())
+}
+
+/// Issue 9's c = 1 target: p50 added over the direct upstream, in ms.
+const C1_TARGET_MS: f64 = 0.05;
+/// What TensorZero added at c = 1 on the machine where the issue set that target (ms).
+const C1_ISSUE_TENSORZERO_MS: f64 = 0.07;
+
+/// The c = 1 target read as a ratio to the peer measured in the same run: the issue set
+/// 0.05 ms on a machine where TensorZero added 0.07 ms, so a gateway that adds at most
+/// 0.05 / 0.07 of what TensorZero adds meets it on any machine. `added` is the gateway's
+/// and TensorZero's p50 added latency in ms, when TensorZero ran.
+fn c1_against_tensorzero(added: Option<(f64, f64)>) -> String {
+    let bound = C1_TARGET_MS / C1_ISSUE_TENSORZERO_MS;
+    let head = format!(
+        "c = 1 added ≤ {bound:.2}× TensorZero's added in the same run (the issue's 0.05 ms where it measured \
+         TensorZero at +0.07 ms)"
+    );
+    match added {
+        Some((gateway, tensorzero)) => {
+            let ratio = gateway / tensorzero;
+            let verdict = if ratio <= bound { "[met]   " } else { "[missed]" };
+            format!("{verdict} {head}: gateway {gateway:+.3} ms / TensorZero {tensorzero:+.3} ms = {ratio:.2}×")
+        }
+        None => format!("[n/a]    {head}: TensorZero not measured"),
+    }
 }
 
 fn body_len(request: &[u8]) -> usize {

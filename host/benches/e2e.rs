@@ -534,9 +534,9 @@ const C1_TARGET_MS: f64 = 0.05;
 const C1_ISSUE_TENSORZERO_MS: f64 = 0.07;
 
 /// The c = 1 target read as a ratio to the peer measured in the same run: the issue set
-/// 0.05 ms on a machine where TensorZero added 0.07 ms, so a gateway that adds at most
-/// 0.05 / 0.07 of what TensorZero adds meets it on any machine. `added` is the gateway's
-/// and TensorZero's p50 added latency in ms, when TensorZero ran.
+/// 0.05 ms on a machine where TensorZero added 0.07 ms, so on a machine whose hops cost
+/// more or less the same target reads: at most 0.05 / 0.07 of what TensorZero adds.
+/// `added` is the gateway's and TensorZero's p50 added latency in ms, when TensorZero ran.
 fn c1_against_tensorzero(added: Option<(f64, f64)>) -> String {
     let bound = C1_TARGET_MS / C1_ISSUE_TENSORZERO_MS;
     let head = format!(

@@ -81,6 +81,8 @@ lint: toolchain check-configs
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --target wasm32-wasip1 -p waygate --lib -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps --workspace
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --target wasm32-wasip1 --no-deps -p waygate
 
 # Benchmarks, never run in CI (README "Performance"): the core natively (criterion), the
 # .wasm in the VM (µs and fuel per request, MB/s, memory, size), end-to-end load via the host.

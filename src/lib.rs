@@ -2,7 +2,7 @@
 //!
 //! A request's life, and the module that owns each step:
 //!
-//! 1. [`shell`] (wasm only) receives Envoy's callbacks and is the only code
+//! 1. `shell` (built for wasm only) receives Envoy's callbacks and is the only code
 //!    that talks to the host. It hands what it read to an [`exchange::Exchange`]
 //!    and applies what comes back.
 //! 2. Request headers: cluster and `x-waygate-*` headers are stripped from

@@ -177,7 +177,7 @@ const COMMONNESS: [u8; 256] = {
     table
 };
 
-/// [`find`], looking first for the needle's byte at `anchor`.
+/// [`Needle::find`], looking first for the needle's byte at `anchor`.
 fn find_anchored(haystack: &[u8], needle: &[u8], anchor: usize, from: usize) -> Option<usize> {
     let &byte = needle.get(anchor)?;
     let mut start = from.checked_add(anchor)?;

@@ -7,7 +7,7 @@
 //!
 //! It is conservative. It answers only for text that serde_json reads the
 //! same way: JSON as serde's raw values accept it, member names without
-//! escapes (serde borrows those as they are), nesting under [`MAX_DEPTH`].
+//! escapes (serde borrows those as they are), nesting under `MAX_DEPTH`.
 //! For anything else, valid or not, it says `None` and the caller asks serde,
 //! whose errors then name the problem. The raw values are the slices serde's
 //! `RawValue` gives: the value's own bytes, no whitespace around them.
@@ -385,7 +385,7 @@ pub fn plain_u64(number: &str) -> Option<u64> {
 /// zero. `None` for anything else, a negative or fractional number too,
 /// though JSON has them: a layout's number hole takes only what counts are
 /// written as, and leaves the rest to a walk. Cheaper than
-/// [`number_end`], which reads all of JSON's numbers.
+/// `number_end`, which reads all of JSON's numbers.
 pub fn digits_token_end(bytes: &[u8], at: usize) -> Option<usize> {
     match bytes.get(at)? {
         b'0' => Some(at.wrapping_add(1)).filter(|end| !bytes.get(*end).is_some_and(u8::is_ascii_digit)),

@@ -10,7 +10,7 @@
 //! With [`StreamRewriter::redacting`], the provider's credential never
 //! reaches the client: it is scrubbed from every event written, and from the
 //! streamed text even when a provider that echoes it splits it across deltas
-//! (see [`Scrubber`]).
+//! (see `Scrubber`).
 
 use std::borrow::Cow;
 

@@ -447,7 +447,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 // ------------------------------------------------------------------------ sinks
 
-/// Where a logger writes (validated config; opened as a [`Sink`] at startup).
+/// Where a logger writes (validated config; opened as a `Sink` at startup).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SinkConfig {
     Stdout,
@@ -462,7 +462,7 @@ pub struct AccessLogConfig {
     pub format: Arc<Format>,
 }
 
-/// How many entries [`AccessLogStore`] keeps (the most recent ones), so a long-running
+/// How many entries `AccessLogStore` keeps (the most recent ones), so a long-running
 /// host does not grow without bound; the sinks get every entry.
 pub const KEPT_ENTRIES: usize = 10_000;
 

@@ -587,7 +587,7 @@ pub struct GeminiStream {
 }
 
 /// The layouts of the last text chunk and the last finishing chunk the
-/// walk read ([`TextChunk`]), which later chunks are read by. A provider
+/// walk read (each a `TextChunk`), which later chunks are read by. A provider
 /// lays out every stream's chunks alike, so they are kept from one of its
 /// streams to the next ([`crate::providers::Learned`]).
 #[derive(Default)]

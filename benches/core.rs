@@ -8,8 +8,8 @@
 //!   provider writes them; throughput is provider input bytes.
 //!
 //! Shared inputs (plugin configuration, the request body) are in
-//! `benches/data/`, so the wasm and end-to-end benchmarks in `host/benches/`
-//! measure the same request.
+//! `benches/data/`, so the end-to-end benchmark in Envoy (`benches/envoy.rs`)
+//! measures the same request.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import check_configs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ["envoy", "docker-compose.yml", ".env.example", "host/Dockerfile"]
+SHIPPED = ["envoy", "docker-compose.yml", ".env.example", "fakes/Dockerfile"]
 
 
 class CheckConfigsFails(unittest.TestCase):
@@ -172,7 +172,7 @@ class CheckConfigsFails(unittest.TestCase):
         self.assert_fails("docker-compose.yml", "volume")
 
     def test_unpinned_envoy_image(self) -> None:
-        self.mutate("docker-compose.yml", "envoyproxy/envoy:v1.36.10", "envoyproxy/envoy:latest")
+        self.mutate("docker-compose.yml", "envoyproxy/envoy:v1.40.0", "envoyproxy/envoy:latest")
         self.assert_fails("services.envoy.image")
 
     def test_fake_cluster_not_a_compose_service(self) -> None:

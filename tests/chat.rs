@@ -20,6 +20,10 @@ fn a_minimal_chat_request_is_answered_in_openai_shape() {
     assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.header("x-waygate-provider"), Some("fake"));
     assert_eq!(r.header("x-waygate-attempts"), Some("fake:200"));
+    // The provider's own headers pass (the answer is rewritten in Envoy's buffer,
+    // not replaced by a local reply).
+    assert_eq!(r.header("openai-processing-ms"), Some("3"), "{:?}", r.headers);
+    assert!(r.header("x-envoy-upstream-service-time").is_some(), "{:?}", r.headers);
     let v = r.json();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["model"], "fake/ok", "the client's model id, exactly");

@@ -1,15 +1,12 @@
 //! Legacy `/completions` (native and translated to chat), `GET /models`, and
-//! the access log line (on stderr, or buffered into Envoy's `--log-path` file).
+//! the plugin's access log line in Envoy's log.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 mod common;
 
-use std::time::Duration;
-
-use common::{DEV_KEY, Gateway, NARROW_KEY, test_plugin_config};
+use common::{DEV_KEY, Gateway, NARROW_KEY};
 use serde_json::json;
-use waygate_host::{FileFlush, HostOptions};
 
 #[test]
 fn legacy_goes_to_the_providers_own_completions_when_it_has_one() {
@@ -145,54 +142,4 @@ fn one_access_log_line_per_request_without_secrets() {
     for secret in [DEV_KEY, "fake-openai-key", "a secret prompt"] {
         assert!(!logs.contains(secret), "{secret} leaked into the log: {logs}");
     }
-}
-
-/// Envoy's `--log-path`: the plugin's lines go to the file through the access log
-/// manager's buffer (`FileSinkDelegate`), not a `write` per line from the worker; they are
-/// written when the flush interval passes or the host stops, all of them, in order.
-#[test]
-fn with_a_log_path_the_access_lines_are_buffered_into_the_file() {
-    let path = std::env::temp_dir().join(format!("waygate-log-path-{}.log", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let options = HostOptions {
-        log_path: Some(path.clone()),
-        file_flush: FileFlush {
-            interval: Duration::from_secs(3600),
-            ..FileFlush::default()
-        },
-        ..HostOptions::default()
-    };
-    let gw = Gateway::with_options(&test_plugin_config(), options);
-    assert!(path.exists(), "the log file is created at startup");
-    let models = ["fake/ok", "demo/chat", "fake/ok"];
-    for model in models {
-        let r = gw.chat(json!({"model": model, "messages": [{"role": "user", "content": "a secret prompt"}]}));
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
-    let kept: Vec<String> = gw
-        .host
-        .logs()
-        .into_iter()
-        .filter(|l| l.contains("waygate access"))
-        .collect();
-    assert_eq!(kept.len(), 3, "the host still keeps the lines: {kept:#?}");
-    let before = std::fs::read_to_string(&path).unwrap();
-    assert!(!before.contains("waygate access"), "written before the flush: {before}");
-
-    drop(gw);
-    let written = std::fs::read_to_string(&path).unwrap();
-    let lines: Vec<&str> = written.lines().filter(|l| l.contains("waygate access")).collect();
-    assert_eq!(lines, kept, "the file holds what the host kept, in order");
-    for (line, model) in lines.iter().zip(models) {
-        assert!(line.starts_with("wasm log waygate "), "{line}");
-        assert!(line.contains(": info: waygate access key=dev "), "{line}");
-        assert!(line.contains(&format!(" model={model} ")), "{line}");
-    }
-    for secret in [DEV_KEY, "fake-openai-key", "a secret prompt"] {
-        assert!(
-            !written.contains(secret),
-            "{secret} leaked into the log file: {written}"
-        );
-    }
-    let _ = std::fs::remove_file(&path);
 }

@@ -9,14 +9,16 @@ use common::{Gateway, chain_config, send_raw};
 use serde_json::json;
 
 fn prometheus(gw: &Gateway) -> Vec<(String, u64)> {
-    let r = send_raw(gw.host.admin_addr().unwrap(), "GET", "/stats/prometheus", &[], b"");
+    let r = send_raw(gw.envoy.admin(), "GET", "/stats/prometheus", &[], b"");
     assert_eq!(r.status, 200);
     r.text()
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| {
             let (name, value) = l.rsplit_once(' ').unwrap();
-            (name.trim_end_matches("{}").to_string(), value.parse().unwrap())
+            // Histogram sums are decimals; every value the test reads is a count.
+            let value: f64 = value.parse().unwrap();
+            (name.trim_end_matches("{}").to_string(), value as u64)
         })
         .collect()
 }
@@ -48,7 +50,18 @@ fn a_scripted_run_shows_in_prometheus_stats() {
     );
     assert_eq!(r.status, 401);
 
-    let stats = prometheus(&gw);
+    // Counters show at once; histograms only after Envoy's next stats flush (every 5 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let stats = loop {
+        let stats = prometheus(&gw);
+        let flushed = stats
+            .iter()
+            .any(|(n, v)| n == "waygate_upstream_duration_ms_fake_count" && *v > 0);
+        if flushed || std::time::Instant::now() > deadline {
+            break stats;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     assert_eq!(value(&stats, "waygate_requests_fake_2xx"), 3);
     assert_eq!(value(&stats, "waygate_requests_backup_2xx"), 1);
     assert_eq!(value(&stats, "waygate_requests_none_4xx"), 1);

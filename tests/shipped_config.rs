@@ -1,19 +1,18 @@
-//! What we ship is what we test: `envoy/envoy.yaml` (the bootstrap docker-compose runs in
-//! real Envoy) runs in the host with only its addresses changed, and a client gets real
-//! answers through it, with the access log line Envoy would print. A second test pins the
+//! What we ship is what we test: `envoy/envoy.yaml` (the bootstrap docker-compose runs)
+//! runs in the pinned Envoy with only its addresses changed, and a client gets real
+//! answers through it, with the access log line Envoy prints. A second test pins the
 //! other direction: apart from those addresses, `envoy/envoy.yaml` is exactly
 //! `envoy/local.yaml`, so the two files cannot drift apart.
 //!
-//! The substitution ([`for_host`]) is the one documented at the top of `envoy/envoy.yaml`,
+//! The substitution ([`for_test`]) is the one documented at the top of `envoy/envoy.yaml`,
 //! addresses only:
 //! - admin and the listener bind the given addresses (ephemeral ports here);
 //! - cluster `fake`'s endpoint (STRICT_DNS `fakes:8081` in compose) becomes the given
 //!   address (still STRICT_DNS: an IP address resolves to itself);
 //! - the wasm `vm_config.code.local.filename` becomes the given path.
 //!
-//! Everything else runs as shipped: the HCM `access_log` (the usage line from filter state)
-//! and the clusters' `typed_extension_protocol_options` (`auto_sni`, `auto_san_validation`)
-//! are part of waygate-host's bootstrap subset (`host/README.md`).
+//! Everything else runs as shipped: the HCM `access_log` (the usage line from filter
+//! state), the TLS provider clusters, the catch-all routes.
 
 // Test code: a failing unwrap is a failing test (clippy.toml allows these only inside #[test]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
@@ -21,20 +20,19 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::envoy::Envoy;
 use common::{DEV_KEY, root, send_raw, wasm_path};
 use serde_json::{Value, json};
 use serde_yaml::Value as Yaml;
-use waygate_host::HostOptions;
-use waygate_host::fakes::FakeProviders;
+use waygate_fakes::FakeProviders;
 
 const HCM_TYPE: &str =
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 
-/// Where `for_host` points the bootstrap.
+/// Where `for_test` points the bootstrap.
 struct Addresses<'a> {
     admin: (&'a str, u16),
     listener: (&'a str, u16),
@@ -55,8 +53,8 @@ fn socket_address(host: &str, port: u16) -> Yaml {
     Yaml::Mapping(map)
 }
 
-/// The documented substitution, envoy/envoy.yaml -> a bootstrap waygate-host runs.
-fn for_host(mut doc: Yaml, to: &Addresses) -> Yaml {
+/// The documented substitution, envoy/envoy.yaml -> a bootstrap the tests run.
+fn for_test(mut doc: Yaml, to: &Addresses) -> Yaml {
     doc["admin"]["address"]["socket_address"] = socket_address(to.admin.0, to.admin.1);
 
     let listeners = doc["static_resources"]["listeners"]
@@ -152,7 +150,7 @@ fn shipped_config_differs_from_local_yaml_only_in_addresses() {
         fake: (&fake_host, port(fake)),
         wasm: "target/wasm32-wasip1/wasm/waygate.wasm",
     };
-    let shipped = for_host(load("envoy/envoy.yaml"), &to);
+    let shipped = for_test(load("envoy/envoy.yaml"), &to);
     let mut out = Vec::new();
     differences("", &shipped, &local, &mut out);
     assert!(
@@ -162,42 +160,29 @@ fn shipped_config_differs_from_local_yaml_only_in_addresses() {
     );
 }
 
-/// envoy/envoy.yaml, substituted, running in the host in front of the fake providers.
+/// envoy/envoy.yaml, substituted, running in Envoy in front of the fake providers.
 struct Shipped {
-    host: waygate_host::RunningHost,
+    envoy: Envoy,
     _fakes: FakeProviders,
     addr: SocketAddr,
 }
 
 fn start_shipped() -> Shipped {
-    let wasm = wasm_path();
-    assert!(
-        Path::new(&wasm).exists(),
-        "{} is missing: run `make wasm` (or `make test`)",
-        wasm.display()
-    );
+    common::check_wasm_is_fresh();
     let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
-    let fake_addr = fakes.addr();
-    let wasm = wasm.to_string_lossy().into_owned();
+    let wasm = wasm_path().to_string_lossy().into_owned();
     let to = Addresses {
         admin: ("127.0.0.1", 0),
         listener: ("127.0.0.1", 0),
-        fake: ("127.0.0.1", fake_addr.port()),
+        fake: ("127.0.0.1", fakes.addr().port()),
         wasm: &wasm,
     };
-    let yaml = serde_yaml::to_string(&for_host(load("envoy/envoy.yaml"), &to)).unwrap();
-    let options = HostOptions {
-        concurrency: 2,
-        // No real provider keys from the environment: only the fake provider is a candidate.
-        env: Some(Default::default()),
-        base_dir: root(),
-        ..Default::default()
-    };
-    let host = waygate_host::start(&yaml, options)
-        .unwrap_or_else(|e| panic!("the host refused envoy/envoy.yaml after the substitution: {e}"));
-    let addr = host.listener_addr("waygate").expect("listener `waygate`");
+    let yaml = serde_yaml::to_string(&for_test(load("envoy/envoy.yaml"), &to)).unwrap();
+    let envoy =
+        Envoy::start(&yaml).unwrap_or_else(|e| panic!("Envoy refused envoy/envoy.yaml after the substitution: {e}"));
+    let addr = envoy.listener("waygate");
     Shipped {
-        host,
+        envoy,
         _fakes: fakes,
         addr,
     }
@@ -208,7 +193,7 @@ fn start_shipped() -> Shipped {
 fn access_line(gw: &Shipped, needle: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let lines = gw.host.access_log_lines();
+        let lines = gw.envoy.access_log_lines();
         if let Some(line) = lines.iter().find(|l| l.contains(needle)) {
             return line.clone();
         }

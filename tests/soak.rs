@@ -1,12 +1,11 @@
 //! Soak (`make soak`, ignored by `make test`): SOAK_REQUESTS (default
-//! 100,000) mixed requests through the host at concurrency 32 on keep-alive
+//! 100,000) mixed requests through Envoy at concurrency 32 on keep-alive
 //! connections: OpenAI, Anthropic and Gemini answers, streamed and not, the
 //! providers' in-stream errors, provider and client errors, and fallbacks
 //! after a 503 and after a connection failure. Every answer is checked
 //! (status, the contract's envelope, a stream that ends with `[DONE]` or one
-//! error event); lost or malformed answers fail the run. The process RSS
-//! (host, VMs, fakes and clients) is sampled every 10% to show it is flat.
-//! SOAK_BUSY_POLL_US runs the host's workers with `--busy-poll-us` (default off).
+//! error event); lost or malformed answers fail the run. Envoy's RSS (its two
+//! workers' VMs included) is sampled every 10% to show it is flat.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
@@ -19,10 +18,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::envoy::Envoy;
 use common::{DEV_KEY, Gateway};
 use serde_json::{Value, json};
-use waygate_host::fakes::FakeProviders;
-use waygate_host::{HostOptions, LogLevel};
+use waygate_fakes::FakeProviders;
 
 const CONCURRENCY: usize = 32;
 
@@ -250,11 +249,10 @@ fn check(kind: &Kind, a: &Answer) -> Result<(), String> {
     }
 }
 
-/// The test gateway, keeping only warnings and no HCM access log: both
-/// are stored per line in the process, which would hide the gateway's own
-/// memory behind the log's growth.
+/// The test gateway, logging only warnings and without the HCM access log:
+/// 100,000 lines of each would make the run measure the log files.
 fn gateway() -> Gateway {
-    raw_upstream::check_wasm_is_fresh();
+    common::check_wasm_is_fresh();
     let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
     let yaml = common::bootstrap(fakes.addr(), &config());
     let mut doc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
@@ -263,35 +261,9 @@ fn gateway() -> Gateway {
     {
         hcm.remove("access_log");
     }
-    let options = HostOptions {
-        concurrency: 2,
-        env: Some(Default::default()),
-        base_dir: common::root(),
-        log_level: LogLevel::Warn,
-        busy_poll: std::time::Duration::from_micros(
-            std::env::var("SOAK_BUSY_POLL_US")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-        ),
-        ..HostOptions::default()
-    };
-    let host = waygate_host::start(&serde_yaml::to_string(&doc).unwrap(), options).unwrap();
-    let addr = host.listener_addr("waygate").unwrap();
-    Gateway { host, fakes, addr }
-}
-
-fn rss_kb() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    let envoy = Envoy::start_logging(&serde_yaml::to_string(&doc).unwrap(), "warn").unwrap_or_else(|e| panic!("{e}"));
+    let addr = envoy.listener("waygate");
+    Gateway { envoy, fakes, addr }
 }
 
 #[test]
@@ -308,7 +280,7 @@ fn soak_mixed_requests_at_concurrency_32() {
     let lost = Arc::new(AtomicUsize::new(0));
     let malformed = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let start = Instant::now();
-    let samples = std::sync::Mutex::new(vec![(0usize, rss_kb().0)]);
+    let samples = std::sync::Mutex::new(vec![(0usize, gw.envoy.memory_kb().0)]);
     std::thread::scope(|scope| {
         for _ in 0..CONCURRENCY {
             let (gw, kinds, next, done, lost, malformed) = (&gw, &kinds, &next, &done, &lost, &malformed);
@@ -339,7 +311,7 @@ fn soak_mixed_requests_at_concurrency_32() {
                     if n % (total / 10).max(1) == 0 {
                         // The fakes record every request: the harness's memory, not the gateway's.
                         gw.fakes.clear_received();
-                        samples.lock().unwrap().push((n, rss_kb().0));
+                        samples.lock().unwrap().push((n, gw.envoy.memory_kb().0));
                     }
                 }
             });
@@ -347,10 +319,10 @@ fn soak_mixed_requests_at_concurrency_32() {
     });
     let elapsed = start.elapsed();
     let samples = samples.into_inner().unwrap();
-    let (rss, peak) = rss_kb();
+    let (rss, peak) = gw.envoy.memory_kb();
     let malformed = malformed.lock().unwrap();
     let logs = gw.logs();
-    let access_lines = gw.host.access_log_lines().len();
+    let access_lines = gw.envoy.access_log_lines().len();
     let mb = |kb: u64| kb as f64 / 1024.0;
     let series: Vec<String> = samples.iter().map(|(n, kb)| format!("{n}:{:.1}", mb(*kb))).collect();
     let mut summary = format!(
@@ -373,9 +345,7 @@ fn soak_mixed_requests_at_concurrency_32() {
     eprint!("{summary}");
     let _ = std::fs::write(common::root().join("target/soak.txt"), &summary);
     assert!(malformed.is_empty(), "{} lost or malformed answers", malformed.len());
-    for needle in ["panicked", "wasm VM of plugin", "FILTER BUG", ": critical:"] {
-        assert!(!logs.contains(needle), "{needle} in the logs");
-    }
+    raw_upstream::assert_no_trap(&logs);
     // Flat: the last sample within 25% (or 32 MB) of the one at 20%.
     let at = |frac: usize| samples.iter().find(|(n, _)| *n >= total * frac / 10).map_or(0, |s| s.1);
     let (early, late) = (at(2), at(10));

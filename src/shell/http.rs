@@ -37,6 +37,13 @@ pub struct Stream {
     /// (a VM's memory never shrinks).
     answer: Vec<Vec<u8>>,
     answer_len: usize,
+    /// The most Envoy's own buffer of the held answer has held, once a body
+    /// callback paused; `None` before. See [`Stream::finish_held`].
+    held_max: Option<usize>,
+    /// A size Envoy's body buffers are known to take: the listener's
+    /// `per_connection_buffer_limit_bytes` must be above `max_request_bytes`
+    /// for requests to pass at all (README, "Running it in Envoy").
+    envoy_buffer_floor: usize,
     /// A streamed chunk's rewrite, reused by every chunk of the stream.
     stream_out: Vec<u8>,
     /// When the request went upstream, its first answer byte, its end.
@@ -48,12 +55,14 @@ pub struct Stream {
 impl Stream {
     pub fn new(config: Rc<Config>) -> Stream {
         Stream {
+            envoy_buffer_floor: usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX),
             exchange: Exchange::new(config),
             response: Response::Untouched,
             started_ns: host::now_nanos(),
             usage_published: false,
             answer: Vec::new(),
             answer_len: 0,
+            held_max: None,
             stream_out: Vec::new(),
             forwarded_ns: None,
             first_byte_ns: None,
@@ -65,8 +74,12 @@ impl Stream {
     /// passes it back through our own response callbacks, which must leave
     /// it alone: `response` is `Untouched` for that reason.
     fn reply(&mut self, reply: &Reply) -> Action {
+        self.send_reply(reply.status, &reply.headers, &reply.body)
+    }
+
+    fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) -> Action {
         self.response = Response::Untouched;
-        if let Err(status) = host::send_local_response(reply.status, &reply.headers, &reply.body) {
+        if let Err(status) = host::send_local_response(status, headers, body) {
             log::error!("waygate: local reply refused by the host (status {})", status.0);
         }
         Action::Pause
@@ -122,11 +135,8 @@ impl Stream {
             .filter(|(k, _)| !k.starts_with(':') && k != "content-length")
             .cloned()
             .collect();
-        self.reply(&Reply {
-            status: rewrite.status,
-            headers,
-            body: rewrite.body.clone(),
-        })
+        // Not cloned: a held answer's body may be many megabytes.
+        self.send_reply(rewrite.status, &headers, &rewrite.body)
     }
 
     /// The held answer followed by its `last` chunk, in one allocation.
@@ -170,6 +180,41 @@ impl Stream {
                     return;
                 }
             }
+        }
+    }
+
+    /// Applies the final answer of a held (non-streamed) upstream answer.
+    ///
+    /// Once a body callback has paused, Envoy shows the filter its own buffer
+    /// of the response body, a watermark buffer limited by the listener's
+    /// `per_connection_buffer_limit_bytes`, and that buffer is not
+    /// "streaming". Writing more than the limit into it makes Envoy send its
+    /// own plain-text 500 (`response_payload_too_large`) *synchronously,
+    /// inside that `set_buffer` call*: the stream ends and Envoy calls
+    /// `proxy_on_log` while this callback is still running, which the SDK
+    /// cannot take (it panics, the VM traps, and Envoy has been seen to
+    /// crash). So the answer goes into that buffer only if it is no larger
+    /// than a size Envoy is known to take (what the buffer has already held,
+    /// or `max_request_bytes`, below the limit by the documented setup); a
+    /// larger one is sent as a local reply instead,
+    /// which Envoy sends after this callback returns, directly to the
+    /// client, outside the filter's buffers (as fallback answers are). The
+    /// client gets the same status, headers the filter sets and body; the
+    /// upstream's own other headers are not kept.
+    ///
+    /// Before any pause, `body_size` is this chunk's own buffer, which Envoy
+    /// only buffers after this callback returns, as "streaming" data: over
+    /// the limit that is flow control, never an error.
+    fn finish_held(&mut self, rewrite: &Rewrite, body_size: usize) -> Action {
+        match self.held_max {
+            Some(held) if rewrite.body.len() > held.max(self.envoy_buffer_floor) => {
+                log::debug!(
+                    "waygate: {}-byte answer sent as a local reply (Envoy's buffer has held {held})",
+                    rewrite.body.len()
+                );
+                self.reply_with(rewrite)
+            }
+            _ => self.apply_rewrite(rewrite, body_size),
         }
     }
 
@@ -421,6 +466,10 @@ impl HttpContext for Stream {
                     Ok(chunk) => chunk,
                     Err(status) => return self.internal_error("reading the response body", status),
                 };
+                if let Some(held) = self.held_max.as_mut() {
+                    // After a pause this chunk sits in Envoy's own buffer.
+                    *held = (*held).max(body_size);
+                }
                 self.answer_len = self.answer_len.saturating_add(chunk.len());
                 if self.answer_len > MAX_ANSWER_BYTES {
                     self.answer = Vec::new();
@@ -432,13 +481,16 @@ impl HttpContext for Stream {
                     if let Err(status) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &[]) {
                         return self.internal_error("draining the response body", status);
                     }
+                    // From now on the body callbacks see Envoy's own buffer.
+                    self.held_max.get_or_insert(0);
                     return Action::Pause;
                 }
                 let body = self.whole_answer(chunk);
                 let rewrite = self.exchange.on_buffered_body(&body);
+                drop(body);
                 self.response = Response::Untouched;
                 self.publish_usage();
-                self.apply_rewrite(&rewrite, body_size)
+                self.finish_held(&rewrite, body_size)
             }
         }
     }
@@ -459,11 +511,15 @@ impl HttpContext for Stream {
             Response::Buffering => {
                 let rest = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
                 let rest_len = rest.len();
+                if let Some(held) = self.held_max.as_mut() {
+                    *held = (*held).max(rest_len);
+                }
                 let body = self.whole_answer(rest);
                 let rewrite = self.exchange.on_buffered_body(&body);
+                drop(body);
                 self.response = Response::Untouched;
                 self.publish_usage();
-                self.apply_rewrite(&rewrite, rest_len)
+                self.finish_held(&rewrite, rest_len)
             }
             Response::Calling => Action::Pause,
             Response::Untouched | Response::Expected => Action::Continue,

@@ -1,10 +1,12 @@
-//! The gateway as a client sees it: the built `waygate.wasm` in the host,
-//! configured by `envoy/local.yaml` with only addresses and the plugin
-//! configuration swapped, in front of the fake providers. A raw HTTP/1.1
-//! client keeps the exact bytes and headers visible.
+//! The gateway as a client sees it: the built `waygate.wasm` in real Envoy
+//! ([`envoy`]), configured by `envoy/local.yaml` with only addresses and the
+//! plugin configuration swapped, in front of the fake providers. A raw
+//! HTTP/1.1 client keeps the exact bytes and headers visible.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 #![allow(dead_code)]
+
+pub mod envoy;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,8 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
-use waygate_host::fakes::FakeProviders;
-use waygate_host::{HostOptions, RunningHost};
+use waygate_fakes::FakeProviders;
+
+use envoy::Envoy;
 
 pub const DEV_KEY: &str = "wg-dev-key";
 pub const DEV_KEY_SHA256: &str = "3f8df8d36341df6ddbd3fadf70c0d7685e06fcf0b0b90ff0b241284e7638da96";
@@ -34,7 +37,7 @@ pub fn wasm_path() -> PathBuf {
 
 /// Tests must never run against a stale `.wasm`: it must be newer than
 /// every file under `src/` (`make test` builds it first).
-fn check_wasm_is_fresh() {
+pub fn check_wasm_is_fresh() {
     let wasm = wasm_path();
     let built = std::fs::metadata(&wasm)
         .and_then(|m| m.modified())
@@ -190,9 +193,10 @@ pub fn chain_config(endpoints: &[(&str, &str)]) -> Value {
     config
 }
 
-/// A running gateway and its fake providers.
+/// A running gateway (Envoy with the filter) and its fake providers; Envoy
+/// stops before the fakes.
 pub struct Gateway {
-    pub host: RunningHost,
+    pub envoy: Envoy,
     pub fakes: FakeProviders,
     pub addr: SocketAddr,
 }
@@ -203,23 +207,11 @@ impl Gateway {
     }
 
     pub fn with_config(plugin: &Value) -> Gateway {
-        Gateway::with_options(plugin, HostOptions::default())
-    }
-
-    /// The gateway with `options`, but two workers, no environment and the repo as base.
-    pub fn with_options(plugin: &Value, options: HostOptions) -> Gateway {
         check_wasm_is_fresh();
         let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
-        let yaml = bootstrap(fakes.addr(), plugin);
-        let options = HostOptions {
-            concurrency: 2,
-            env: Some(Default::default()),
-            base_dir: root(),
-            ..options
-        };
-        let host = waygate_host::start(&yaml, options).unwrap_or_else(|e| panic!("host did not start: {e}"));
-        let addr = host.listener_addr("waygate").unwrap();
-        Gateway { host, fakes, addr }
+        let envoy = Envoy::start(&bootstrap(fakes.addr(), plugin)).unwrap_or_else(|e| panic!("{e}"));
+        let addr = envoy.listener("waygate");
+        Gateway { envoy, fakes, addr }
     }
 
     pub fn post(&self, path: &str, body: &str) -> Response {
@@ -243,8 +235,9 @@ impl Gateway {
         send_raw(self.addr, method, path, &raw, body)
     }
 
+    /// Envoy's log, the plugin's lines included.
     pub fn logs(&self) -> String {
-        self.host.logs().join("\n")
+        self.envoy.logs()
     }
 }
 
@@ -411,7 +404,7 @@ pub fn ask(model: &str) -> Value {
 
 /// Through a provider that cuts its stream mid-way (`<provider>/cut-N`): the
 /// client never gets `[DONE]`. Envoy resets the client's stream when the
-/// upstream connection dies after the headers went out; when the host gets
+/// upstream connection dies after the headers went out; when the filter gets
 /// to write first, the last event is the contract's error.
 pub fn assert_a_cut_stream_never_ends_with_done(gw: &Gateway, model: &str) {
     let mut body = ask(model);

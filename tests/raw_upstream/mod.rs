@@ -14,16 +14,15 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use waygate_host::HostOptions;
-use waygate_host::fakes::FakeProviders;
+use waygate_fakes::FakeProviders;
 
+use crate::common::envoy::Envoy;
 use crate::common::{self, Gateway};
 
 /// The credentials of the `raw*` providers.
@@ -579,34 +578,8 @@ fn bootstrap(fake: SocketAddr, raw: SocketAddr, plugin: &Value) -> String {
     serde_yaml::to_string(&doc).unwrap()
 }
 
-/// The staleness rule of `common` (the `.wasm` newer than every file in `src/`).
-pub fn check_wasm_is_fresh() {
-    fn newest(dir: &Path) -> SystemTime {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .flatten()
-            .map(|e| {
-                let p = e.path();
-                if p.is_dir() {
-                    newest(&p)
-                } else {
-                    e.metadata().unwrap().modified().unwrap()
-                }
-            })
-            .max()
-            .unwrap_or(SystemTime::UNIX_EPOCH)
-    }
-    let built = std::fs::metadata(common::wasm_path())
-        .and_then(|m| m.modified())
-        .expect("the .wasm is missing: run `make wasm`");
-    assert!(
-        built >= newest(&common::root().join("src")),
-        "the .wasm is older than src/: run `make wasm`"
-    );
-}
-
-/// The gateway (two workers) with the fakes and the raw upstream; the
-/// host stops before the upstreams.
+/// The gateway (Envoy, two workers) with the fakes and the raw upstream;
+/// Envoy stops before the upstreams.
 pub struct Chaos {
     pub gw: Gateway,
     pub raw: RawUpstream,
@@ -618,27 +591,19 @@ impl Chaos {
     }
 
     pub fn with_config(plugin: &Value) -> Chaos {
-        check_wasm_is_fresh();
+        common::check_wasm_is_fresh();
         let raw = RawUpstream::start();
         let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
-        let yaml = bootstrap(fakes.addr(), raw.addr, plugin);
-        let options = HostOptions {
-            concurrency: 2,
-            env: Some(Default::default()),
-            base_dir: common::root(),
-            ..Default::default()
-        };
-        let host = waygate_host::start(&yaml, options).unwrap_or_else(|e| panic!("host did not start: {e}"));
-        let addr = host.listener_addr("waygate").unwrap();
+        let envoy = Envoy::start(&bootstrap(fakes.addr(), raw.addr, plugin)).unwrap_or_else(|e| panic!("{e}"));
+        let addr = envoy.listener("waygate");
         Chaos {
-            gw: Gateway { host, fakes, addr },
+            gw: Gateway { envoy, fakes, addr },
             raw,
         }
     }
 
-    /// The VMs survived: a plain request succeeds on every worker (connections
-    /// go round-robin), and no log line tells of a panic, a trap or a filter
-    /// bug the host caught.
+    /// The VMs survived: plain requests on fresh connections (spread over the
+    /// workers by the kernel) succeed, and no log line tells of a panic or a trap.
     pub fn assert_healthy(&self) {
         for i in 0..4 {
             let r = self
@@ -651,15 +616,10 @@ impl Chaos {
     }
 }
 
-/// What a trapped or panicking VM, or a filter bug the host caught, logs.
+/// What Envoy logs of a panicking or trapped VM: the Rust panic message the
+/// SDK's hook logs, and V8's `Function: proxy_on_... failed: Uncaught RuntimeError`.
 pub fn assert_no_trap(logs: &str) {
-    for needle in [
-        "panicked",
-        "wasm VM of plugin",
-        "FILTER BUG",
-        ": critical:",
-        "wasm_fail_stream",
-    ] {
-        assert!(!logs.contains(needle), "{needle:?} in the host logs:\n{logs}");
+    for needle in ["panicked", "RuntimeError", "Function: proxy_", "[critical]"] {
+        assert!(!logs.contains(needle), "{needle:?} in Envoy's log:\n{logs}");
     }
 }

@@ -1,0 +1,1226 @@
+//! End-to-end load through real Envoy (`make bench`): what the waygate filter costs on
+//! top of Envoy itself, measured in one run against the same fake upstream.
+//!
+//! Rows, each in front of the same fake providers (`target/release/waygate-fakes`):
+//!
+//! 1. **the fake upstream direct**, the floor every proxy adds to;
+//! 2. **Envoy alone**: `envoy/local.yaml` with the wasm filter removed and its `fake`
+//!    route matched without the `x-waygate-cluster` header (the router only); the request
+//!    already carries the provider's path and credential;
+//! 3. **Envoy + waygate**: `envoy/local.yaml` with the built `waygate.wasm` (a copy taken
+//!    at the start, by absolute path, so a concurrent build cannot swap it) and
+//!    `benches/data/plugin.json` as its configuration, the one the `core` bench uses;
+//! 4. **TensorZero 2026.6.0** (`WAYGATE_BENCH_PEERS=none` skips it): its Rust gateway as
+//!    its PyPI wheel ships it, installed once into `target/bench/peers` and served over
+//!    HTTP ([`start_tensorzero`]), routed to the same fake upstream.
+//!
+//! Both Envoys (`$WAYGATE_ENVOY`, which the Makefile exports; else the default version
+//! under `target/`) run with [`ENVOY_FLAGS`], ports 0 read back from the admin's
+//! `/listeners`. Both bootstrap copies drop the HTTP connection manager's `access_log`
+//! and run at `--log-level warn`, so neither Envoy's access log nor the plugin's
+//! per-request info line is on the hot path; otherwise the two differ only by the filter.
+//!
+//! Placement: each proxy is pinned to CPU 0 with `taskset`; this load generator and the
+//! fake upstream share CPU 1 (the bench re-runs itself under `taskset -c 1`). Without
+//! `taskset` or a second CPU nothing is pinned and the header says so. The bench reads the
+//! machine's idle policy for the header and changes no kernel or hypervisor setting.
+//!
+//! Load: raw HTTP/1.1 over keep-alive connections on one tokio thread, a fixed number of
+//! requests shared by `c` connections, each timed from its first byte written to its last
+//! byte read; p50/p99 over all of them, req/s from the wall time. Cells: a ~1 KB chat
+//! request (`benches/data/chat_1k.json`) at c = 1 and c = 64, and a 20-event SSE answer
+//! (the fake's `long-18`) at c = 16, also timed to its first body byte (TTFB). Each cell
+//! runs in interleaved rounds, every row in turn, so a noisy neighbour hits them alike.
+//!
+//! Per row and cell: the proxy's CPU per request, the growth of utime + stime of its whole
+//! process (`/proc/<pid>/stat`: the scheduler's exact run time of all its threads, read in
+//! 10 ms clock ticks) over the cell divided by its requests; and once per row the proxy's
+//! resident memory (VmRSS) before any load, and again after the run.
+//! Then the filter's own cost (Envoy + waygate − Envoy alone) and issue #29's targets,
+//! each marked met or missed for this run, with the `.wasm` size.
+//!
+//! `WAYGATE_BENCH_SECONDS=S` runs each row of each cell for about S seconds instead of
+//! the fixed request counts.
+
+// Bench code, like the tests: configuration documents are indexed by key (a missing key
+// reads as null; the bootstrap's shape is checked when Envoy loads it).
+#![allow(clippy::indexing_slicing)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+type Error = Box<dyn std::error::Error>;
+
+/// Every Envoy in the bench: one worker, as the proxy gets one CPU.
+const ENVOY_FLAGS: [&str; 5] = ["--concurrency", "1", "--log-level", "warn", "--disable-hot-restart"];
+/// The Envoy the Makefile installs by default, when `WAYGATE_ENVOY` is unset.
+const DEFAULT_ENVOY: &str = "target/envoy-1.40.0/bin/envoy";
+/// Set in the copy of this bench that runs under `taskset -c 1`.
+const PINNED_ENV: &str = "WAYGATE_BENCH_PINNED";
+
+/// Row labels, looked up by the summaries.
+const DIRECT: &str = "fake upstream direct";
+const ENVOY_ALONE: &str = "Envoy alone";
+const WAYGATE: &str = "Envoy + waygate";
+const TENSORZERO_ROW: &str = "TensorZero 2026.6.0";
+
+/// Interleaved rounds per cell.
+const ROUNDS: usize = 3;
+
+/// Issue #29's targets.
+const FILTER_CPU_C64_US: f64 = 12.0;
+const FILTER_CPU_C1_US: f64 = 45.0;
+const C64_VS_ENVOY: f64 = 0.75;
+const C64_VS_TENSORZERO: f64 = 2.0;
+const ADDED_P50_C1_MS: f64 = 0.04;
+const SSE_VS_ENVOY: f64 = 0.75;
+const SSE_TTFB_ADDED_MS: f64 = 0.1;
+const RSS_ADDED_MIB: f64 = 35.0;
+const WASM_BYTES: u64 = 600_000;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("envoy bench failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One load pattern, measured on every row.
+struct Cell {
+    title: &'static str,
+    concurrency: usize,
+    streaming: bool,
+    /// Requests (streams) per row, over all rounds, unless `WAYGATE_BENCH_SECONDS` is set.
+    requests: usize,
+}
+
+/// Sized so that each proxied row takes a few seconds per cell on the 2-core build machine
+/// (the whole bench about a minute and a half), and long enough that the 10 ms rounding
+/// of the CPU time read stays within about 2% of the proxy's CPU per request.
+const CELLS: [Cell; 3] = [
+    Cell {
+        title: "c = 1",
+        concurrency: 1,
+        streaming: false,
+        requests: 12_000,
+    },
+    Cell {
+        title: "c = 64",
+        concurrency: 64,
+        streaming: false,
+        requests: 45_000,
+    },
+    Cell {
+        title: "SSE c = 16",
+        concurrency: 16,
+        streaming: true,
+        requests: 1_500,
+    },
+];
+const C1: usize = 0;
+const C64: usize = 1;
+const SSE: usize = 2;
+
+/// A target of the load: where it listens, what it is sent, and which process to watch.
+struct Row {
+    label: &'static str,
+    addr: SocketAddr,
+    /// The non-streaming chat request and the streaming one, as raw HTTP/1.1.
+    chat: Vec<u8>,
+    stream: Vec<u8>,
+    /// The proxy's process (CPU time, memory); none for the upstream measured direct.
+    proxy: Option<u32>,
+}
+
+/// One row's figures in one cell.
+#[derive(Default)]
+struct Measured {
+    stats: Stats,
+    /// The proxy's CPU time over the cell's rounds, in clock ticks.
+    cpu_ticks: u64,
+}
+
+fn run() -> Result<(), Error> {
+    // In the re-run copy only CPU 1 is visible, so the environment carries the decision.
+    let pin = std::env::var_os(PINNED_ENV).is_some() || can_pin();
+    if pin && std::env::var_os(PINNED_ENV).is_none() {
+        // Children inherit CPU 1 (the fake upstream); each proxy is moved to CPU 0.
+        let status = Command::new("taskset")
+            .args(["-c", "1"])
+            .arg(std::env::current_exe()?)
+            .args(std::env::args_os().skip(1))
+            .env(PINNED_ENV, "1")
+            .status()?;
+        if !status.success() {
+            return Err(format!("the pinned run failed ({status})").into());
+        }
+        return Ok(());
+    }
+    let started = Instant::now();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let fakes_bin = root.join("target/release/waygate-fakes");
+    let built_wasm = root.join("target/wasm32-wasip1/wasm/waygate.wasm");
+    let envoy_bin = std::env::var_os("WAYGATE_ENVOY").map_or_else(|| root.join(DEFAULT_ENVOY), PathBuf::from);
+    for (file, make) in [
+        (&fakes_bin, "make build"),
+        (&built_wasm, "make build"),
+        (&envoy_bin, "make envoy"),
+    ] {
+        if !file.exists() {
+            return Err(format!("{} is missing: run `{make}`", file.display()).into());
+        }
+    }
+    let work = root.join("target/bench");
+    std::fs::create_dir_all(&work)?;
+    // Envoy loads a copy taken now, so the size printed is the module measured even if a
+    // `make build` runs meanwhile (cargo first puts its unoptimised module in place).
+    let wasm = work.join("waygate.wasm");
+    std::fs::copy(&built_wasm, &wasm)?;
+    let wasm_bytes = std::fs::metadata(&wasm)?.len();
+
+    let fakes = Proc::spawn(
+        Command::new(&fakes_bin).args(["--listen", "127.0.0.1:0"]),
+        "fake providers listening on http://",
+        &work.join("fakes.log"),
+    )?;
+    let plugin: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/plugin.json"))?)?;
+    let envoy = |name: &str, filter: Option<(&Value, &Path)>| -> Result<Proc, Error> {
+        let yaml = bootstrap(&root, fakes.addr, filter)?;
+        start_envoy(&envoy_bin, &yaml, &root, &work, name, pin)
+    };
+    let envoy_alone = envoy("envoy-alone", None)?;
+    let waygate = envoy("envoy-waygate", Some((&plugin, &wasm)))?;
+    let peers = std::env::var("WAYGATE_BENCH_PEERS").unwrap_or_else(|_| "tensorzero".into());
+    let tensorzero = if peers.split(',').any(|p| p.trim() == "tensorzero") {
+        start_tensorzero(&work, pin, fakes.addr).map_err(|e| format!("it did not start: {e}"))
+    } else {
+        Err(format!("skipped (WAYGATE_BENCH_PEERS={peers})"))
+    };
+
+    let body: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/chat_1k.json"))?)?;
+    let requests = Requests::new(&body);
+    let body_bytes = body_len(&requests.provider);
+    let mut rows = vec![
+        Row {
+            label: DIRECT,
+            addr: fakes.addr,
+            chat: requests.provider.clone(),
+            stream: requests.provider_stream.clone(),
+            proxy: None,
+        },
+        Row {
+            label: ENVOY_ALONE,
+            addr: envoy_alone.addr,
+            chat: requests.provider.clone(),
+            stream: requests.provider_stream.clone(),
+            proxy: Some(envoy_alone.pid()),
+        },
+        Row {
+            label: WAYGATE,
+            addr: waygate.addr,
+            chat: requests.gateway,
+            stream: requests.gateway_stream,
+            proxy: Some(waygate.pid()),
+        },
+    ];
+    if let Ok(p) = &tensorzero {
+        rows.push(Row {
+            label: TENSORZERO_ROW,
+            addr: p.addr,
+            chat: requests.tensorzero,
+            stream: requests.tensorzero_stream,
+            proxy: Some(p.pid()),
+        });
+    }
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Before any load: what each proxy holds at rest, and a check that every row answers.
+    let idle_rss: Vec<Option<u64>> = rows.iter().map(|r| r.proxy.and_then(rss_kib)).collect();
+    let mut events = Vec::new();
+    for row in &rows {
+        rt.block_on(load(row.addr, &row.chat, 1, Budget::Requests(1)))
+            .map_err(|e| format!("{}: {e}", row.label))?;
+        events.push(
+            rt.block_on(sse_events(row.addr, &row.stream))
+                .map_err(|e| format!("{}: {e}", row.label))?,
+        );
+    }
+
+    print_header(pin, &envoy_bin, &built_wasm, body_bytes, &tensorzero);
+    let seconds = match std::env::var("WAYGATE_BENCH_SECONDS") {
+        Ok(s) => Some(
+            s.trim()
+                .parse::<f64>()
+                .map_err(|e| format!("WAYGATE_BENCH_SECONDS={s}: {e}"))?,
+        ),
+        Err(_) => None,
+    };
+    // Which servers exited, named in any failure: a dead upstream fails every row.
+    let exited = || {
+        let procs = [&fakes, &envoy_alone, &waygate]
+            .into_iter()
+            .chain(tensorzero.as_ref().ok());
+        let dead: Vec<String> = procs
+            .filter(|p| !p.alive())
+            .map(|p| format!("target/bench/{}.log", p.name))
+            .collect();
+        (!dead.is_empty()).then(|| format!("exited (see their logs): {}", dead.join(", ")))
+    };
+    let ticks_per_s = clock_ticks_per_second();
+    let mut results: Vec<Vec<Measured>> = Vec::new();
+    for cell in &CELLS {
+        let round = match seconds {
+            Some(s) => Budget::Time(Duration::from_secs_f64(s / ROUNDS as f64)),
+            None => Budget::Requests(cell.requests / ROUNDS),
+        };
+        let measured = measure(&rt, cell, &rows, round).map_err(|e| match exited() {
+            Some(dead) => format!("{e}\n{dead}").into(),
+            None => e,
+        })?;
+        print_cell(cell, &rows, &measured, &events, ticks_per_s, round);
+        results.push(measured);
+    }
+
+    println!("memory: the proxy's VmRSS before any load / after the run:");
+    for (row, idle) in rows.iter().zip(&idle_rss) {
+        if let (Some(pid), Some(idle)) = (row.proxy, idle) {
+            let after = rss_kib(pid).map_or_else(|| "?".into(), |kib| format!("{:.1} MiB", mib(kib)));
+            println!("  {:<22} {:>7.1} MiB / {after}", row.label, mib(*idle));
+        }
+    }
+
+    let figures = Figures {
+        rows: &rows,
+        results: &results,
+        idle_rss: &idle_rss,
+        ticks_per_s,
+    };
+    figures.print_verdicts(wasm_bytes, &tensorzero);
+
+    if let Some(dead) = exited() {
+        return Err(format!("{dead} during the run").into());
+    }
+    println!("(bench took {:.0} s)", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// One cell on every row: a warm-up each, then [`ROUNDS`] rounds of `round`, every row in
+/// turn, with the proxy's CPU time read around each load.
+fn measure(rt: &tokio::runtime::Runtime, cell: &Cell, rows: &[Row], round: Budget) -> Result<Vec<Measured>, Error> {
+    // Opens the cell's connections, Envoy's upstream pool included, and lets V8 tier up.
+    let warm_up = Budget::Requests((cell.requests / 20).max(cell.concurrency));
+    let load = |row: &Row, budget| {
+        rt.block_on(load(row.addr, row.request(cell), cell.concurrency, budget))
+            .map_err(|e| format!("{} at {}: {e}", row.label, cell.title))
+    };
+    for row in rows {
+        load(row, warm_up)?;
+    }
+    let mut measured: Vec<Measured> = rows.iter().map(|_| Measured::default()).collect();
+    for _ in 0..ROUNDS {
+        for (row, m) in rows.iter().zip(&mut measured) {
+            let before = row.proxy.map(cpu_ticks).transpose()?;
+            let stats = load(row, round)?;
+            if let (Some(pid), Some(before)) = (row.proxy, before) {
+                m.cpu_ticks += cpu_ticks(pid)?.saturating_sub(before);
+            }
+            m.stats.merge(stats);
+        }
+    }
+    Ok(measured)
+}
+
+impl Row {
+    fn request(&self, cell: &Cell) -> &[u8] {
+        if cell.streaming { &self.stream } else { &self.chat }
+    }
+}
+
+fn print_header(pin: bool, envoy: &Path, wasm: &Path, body_bytes: usize, tensorzero: &Result<Proc, String>) {
+    let version = envoy_version(envoy);
+    println!(
+        "== envoy bench: Envoy {version} ({}), proxies {}",
+        ENVOY_FLAGS.join(" "),
+        if pin {
+            "pinned to CPU 0, the load generator and the fake upstream to CPU 1 (taskset)"
+        } else {
+            "NOT pinned (taskset or a second CPU missing): every process shares every CPU"
+        }
+    );
+    println!(
+        "  bootstraps: envoy/local.yaml, ports 0, no access_log; Envoy alone: no wasm filter (router only); \
+         Envoy + waygate: benches/data/plugin.json"
+    );
+    if let Err(why) = tensorzero {
+        println!("  TensorZero not measured: {why}");
+    }
+    println!("  machine (read only, the bench changes nothing): {}", idle_policy());
+    for warning in wasm_warnings(wasm) {
+        println!("  warning: {warning}");
+    }
+    println!(
+        "  requests: ~1 KB chat ({body_bytes} body bytes); streams: the fake's long-18, 20 SSE events ~1 ms apart \
+         (the filter asks for the usage event, so the upstream direct and Envoy alone are asked for it too: 21)"
+    );
+}
+
+/// Prints one cell's table.
+fn print_cell(cell: &Cell, rows: &[Row], measured: &[Measured], events: &[usize], ticks_per_s: f64, round: Budget) {
+    let per_round = match round {
+        Budget::Requests(n) => format!("{n} {}", if cell.streaming { "streams" } else { "requests" }),
+        Budget::Time(d) => format!("{:.1} s", d.as_secs_f64()),
+    };
+    if cell.streaming {
+        println!(
+            "{}: streamed chat, {ROUNDS} interleaved rounds of {per_round} per row:",
+            cell.title
+        );
+        println!(
+            "  {:<22} {:>7} {:>11} {:>11} {:>11} {:>10} {:>15}",
+            "", "events", "TTFB p50", "TTFB p99", "total p50", "streams/s", "CPU/stream"
+        );
+        for ((row, m), events) in rows.iter().zip(measured).zip(events) {
+            println!(
+                "  {:<22} {events:>7} {:>8} ms {:>8} ms {:>8} ms {:>10.0} {:>15}",
+                row.label,
+                ms(m.stats.first(0.5)),
+                ms(m.stats.first(0.99)),
+                ms(m.stats.p(0.5)),
+                m.stats.rps(),
+                cpu_cell(row, m, ticks_per_s),
+            );
+        }
+    } else {
+        println!(
+            "{}: non-streaming ~1 KB chat, {ROUNDS} interleaved rounds of {per_round} per row:",
+            cell.title
+        );
+        println!(
+            "  {:<22} {:>11} {:>11} {:>10} {:>15}",
+            "", "p50", "p99", "req/s", "CPU/request"
+        );
+        for (row, m) in rows.iter().zip(measured) {
+            println!(
+                "  {:<22} {:>8} ms {:>8} ms {:>10.0} {:>15}",
+                row.label,
+                ms(m.stats.p(0.5)),
+                ms(m.stats.p(0.99)),
+                m.stats.rps(),
+                cpu_cell(row, m, ticks_per_s),
+            );
+        }
+    }
+}
+
+fn cpu_cell(row: &Row, m: &Measured, ticks_per_s: f64) -> String {
+    match row.proxy {
+        Some(_) => format!("{:.1} µs", m.cpu_us_per_request(ticks_per_s)),
+        None => "-".into(),
+    }
+}
+
+impl Measured {
+    fn cpu_us_per_request(&self, ticks_per_s: f64) -> f64 {
+        self.cpu_ticks as f64 * 1e6 / ticks_per_s / self.stats.count as f64
+    }
+}
+
+/// The whole run's figures, for the filter's cost and the targets.
+struct Figures<'a> {
+    rows: &'a [Row],
+    results: &'a [Vec<Measured>],
+    idle_rss: &'a [Option<u64>],
+    ticks_per_s: f64,
+}
+
+impl Figures<'_> {
+    fn measured(&self, cell: usize, label: &str) -> Option<&Measured> {
+        let row = self.rows.iter().position(|r| r.label == label)?;
+        self.results.get(cell)?.get(row)
+    }
+
+    /// A figure of the row `label` in `cell`; NaN when that row did not run.
+    fn of(&self, cell: usize, label: &str, figure: impl Fn(&Measured) -> f64) -> f64 {
+        self.measured(cell, label).map_or(f64::NAN, figure)
+    }
+
+    fn cpu(&self, cell: usize, label: &str) -> f64 {
+        self.of(cell, label, |m| m.cpu_us_per_request(self.ticks_per_s))
+    }
+
+    fn rps(&self, cell: usize, label: &str) -> f64 {
+        self.of(cell, label, |m| m.stats.rps())
+    }
+
+    /// p50 in ms.
+    fn p50(&self, cell: usize, label: &str) -> f64 {
+        self.of(cell, label, |m| m.stats.p(0.5) / 1e6)
+    }
+
+    /// TTFB p50 in ms.
+    fn ttfb(&self, cell: usize, label: &str) -> f64 {
+        self.of(cell, label, |m| m.stats.first(0.5) / 1e6)
+    }
+
+    fn idle_mib(&self, label: &str) -> f64 {
+        let row = self.rows.iter().position(|r| r.label == label);
+        row.and_then(|i| *self.idle_rss.get(i)?).map_or(f64::NAN, mib)
+    }
+
+    /// Envoy + waygate − Envoy alone, and the targets set on it.
+    fn print_verdicts(&self, wasm_bytes: u64, tensorzero: &Result<Proc, String>) {
+        let filter_cpu = |cell| self.cpu(cell, WAYGATE) - self.cpu(cell, ENVOY_ALONE);
+        let added_p50 = |cell| self.p50(cell, WAYGATE) - self.p50(cell, ENVOY_ALONE);
+        let added_rss = self.idle_mib(WAYGATE) - self.idle_mib(ENVOY_ALONE);
+        println!("the filter's own cost (Envoy + waygate − Envoy alone, this run):");
+        println!(
+            "  CPU per request: c = 1 {:+.1} µs, c = 64 {:+.1} µs, per SSE stream {:+.1} µs",
+            filter_cpu(C1),
+            filter_cpu(C64),
+            filter_cpu(SSE)
+        );
+        println!(
+            "  p50: c = 1 {:+.3} ms, c = 64 {:+.3} ms; SSE TTFB p50 {:+.3} ms; idle RSS {added_rss:+.1} MiB",
+            added_p50(C1),
+            added_p50(C64),
+            self.ttfb(SSE, WAYGATE) - self.ttfb(SSE, ENVOY_ALONE),
+        );
+
+        let c64_vs_envoy = self.rps(C64, WAYGATE) / self.rps(C64, ENVOY_ALONE);
+        let sse_vs_envoy = self.rps(SSE, WAYGATE) / self.rps(SSE, ENVOY_ALONE);
+        let ttfb_added = self.ttfb(SSE, WAYGATE) - self.ttfb(SSE, ENVOY_ALONE);
+        let c64_vs_tensorzero = match tensorzero {
+            Ok(_) => {
+                let ratio = self.rps(C64, WAYGATE) / self.rps(C64, TENSORZERO_ROW);
+                Verdict::judge(
+                    ratio >= C64_VS_TENSORZERO,
+                    format!(
+                        "{ratio:.2}× ({:.0} / {:.0} req/s)",
+                        self.rps(C64, WAYGATE),
+                        self.rps(C64, TENSORZERO_ROW)
+                    ),
+                )
+            }
+            Err(why) => Verdict::NotMeasured(format!("TensorZero {why}")),
+        };
+        let verdicts = [
+            (
+                format!("filter CPU at c = 64 ≤ {FILTER_CPU_C64_US} µs/request"),
+                Verdict::judge(
+                    filter_cpu(C64) <= FILTER_CPU_C64_US,
+                    format!("{:.1} µs", filter_cpu(C64)),
+                ),
+            ),
+            (
+                format!("filter CPU at c = 1 ≤ {FILTER_CPU_C1_US} µs/request"),
+                Verdict::judge(filter_cpu(C1) <= FILTER_CPU_C1_US, format!("{:.1} µs", filter_cpu(C1))),
+            ),
+            (
+                format!("c = 64 throughput ≥ {C64_VS_ENVOY}× Envoy alone"),
+                Verdict::judge(
+                    c64_vs_envoy >= C64_VS_ENVOY,
+                    format!(
+                        "{c64_vs_envoy:.2}× ({:.0} / {:.0} req/s)",
+                        self.rps(C64, WAYGATE),
+                        self.rps(C64, ENVOY_ALONE)
+                    ),
+                ),
+            ),
+            (
+                format!("c = 64 throughput ≥ {C64_VS_TENSORZERO}× TensorZero"),
+                c64_vs_tensorzero,
+            ),
+            (
+                format!("p50 added at c = 1 over Envoy alone ≤ {ADDED_P50_C1_MS} ms"),
+                Verdict::judge(added_p50(C1) <= ADDED_P50_C1_MS, format!("{:+.3} ms", added_p50(C1))),
+            ),
+            (
+                format!("SSE c = 16 throughput ≥ {SSE_VS_ENVOY}× Envoy alone"),
+                Verdict::judge(sse_vs_envoy >= SSE_VS_ENVOY, format!("{sse_vs_envoy:.2}×")),
+            ),
+            (
+                format!("SSE c = 16 TTFB p50 within {SSE_TTFB_ADDED_MS} ms of Envoy alone"),
+                Verdict::judge(ttfb_added <= SSE_TTFB_ADDED_MS, format!("{ttfb_added:+.3} ms")),
+            ),
+            (
+                format!("idle RSS ≤ Envoy alone + {RSS_ADDED_MIB} MiB (one worker)"),
+                Verdict::judge(added_rss <= RSS_ADDED_MIB, format!("{added_rss:+.1} MiB")),
+            ),
+            (
+                format!("waygate.wasm ≤ {} KB", WASM_BYTES / 1000),
+                Verdict::judge(
+                    wasm_bytes <= WASM_BYTES,
+                    format!("{} KB ({wasm_bytes} bytes)", (wasm_bytes + 500) / 1000),
+                ),
+            ),
+        ];
+        println!("issue #29 targets, this run:");
+        for (target, verdict) in verdicts {
+            println!("  {}", verdict.line(&target));
+        }
+    }
+}
+
+enum Verdict {
+    Met(String),
+    Missed(String),
+    NotMeasured(String),
+}
+
+impl Verdict {
+    /// NaN (a row that did not run) compares false, so it reads as missed.
+    fn judge(met: bool, measured: String) -> Verdict {
+        if met {
+            Verdict::Met(measured)
+        } else {
+            Verdict::Missed(measured)
+        }
+    }
+
+    fn line(&self, target: &str) -> String {
+        match self {
+            Verdict::Met(m) => format!("[met]    {target}: {m}"),
+            Verdict::Missed(m) => format!("[missed] {target}: {m}"),
+            Verdict::NotMeasured(why) => format!("[n/a]    {target}: {why}"),
+        }
+    }
+}
+
+fn ms(ns: f64) -> String {
+    format!("{:.3}", ns / 1e6)
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn body_len(request: &[u8]) -> usize {
+    request
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(0, |p| request.len() - p - 4)
+}
+
+/// Whether `taskset` can pin to CPUs 0 and 1.
+fn can_pin() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2)
+        && Command::new("taskset")
+            .args(["-c", "1", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+/// `program` as a command, pinned to CPU 0 when the run pins. `taskset` execs it, so the
+/// child's pid is the program's own, whose `/proc` entries the bench reads.
+fn on_cpu0(pin: bool, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    if pin {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+/// The machine's idle policy, which dominates c = 1 on a virtual machine: a halted virtual
+/// CPU is woken through the hypervisor, and a request through a proxy wakes CPUs where the
+/// direct upstream does not. Only read.
+fn idle_policy() -> String {
+    let read = |path: &str| std::fs::read_to_string(path).ok().map(|s| s.trim().to_string());
+    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver").unwrap_or_else(|| "none".into());
+    match read("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
+        Some(ns) => format!("cpuidle driver {driver}, an idle CPU polls {ns} ns before it halts"),
+        None => format!("cpuidle driver {driver}"),
+    }
+}
+
+/// What may make the measured `.wasm` (a copy of `wasm`, the build's output) not the one
+/// `make build` ships: older than a source file, or not `wasm-opt`'s output beside it.
+fn wasm_warnings(wasm: &Path) -> Vec<String> {
+    fn newest_in(dir: &Path) -> std::time::SystemTime {
+        let mut newest = std::time::SystemTime::UNIX_EPOCH;
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let modified = if path.is_dir() {
+                newest_in(&path)
+            } else {
+                entry.metadata().and_then(|m| m.modified()).unwrap_or(newest)
+            };
+            newest = newest.max(modified);
+        }
+        newest
+    }
+    let mut warnings = Vec::new();
+    let built = std::fs::metadata(wasm).and_then(|m| m.modified());
+    let src = wasm.ancestors().nth(4).map(|root| root.join("src"));
+    if let (Ok(built), Some(src)) = (built, src)
+        && newest_in(&src) > built
+    {
+        warnings.push(format!(
+            "{} is older than src/: `make build` rebuilds it",
+            wasm.display()
+        ));
+    }
+    let optimized = std::fs::read(wasm.with_file_name("waygate.optimized.wasm"));
+    if optimized.is_ok_and(|optimized| std::fs::read(wasm).is_ok_and(|measured| measured != optimized)) {
+        warnings.push(format!(
+            "{} is not wasm-opt's output (a build was under way?): `make build` puts it back",
+            wasm.display()
+        ));
+    }
+    warnings
+}
+
+/// `envoy --version`'s release number, say `1.40.0`.
+fn envoy_version(envoy: &Path) -> String {
+    let out = Command::new(envoy).arg("--version").output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    // "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
+    text.split('/')
+        .find(|part| part.split('.').count() == 3 && part.split('.').all(|n| n.parse::<u32>().is_ok()))
+        .unwrap_or("(unknown version)")
+        .to_string()
+}
+
+/// The clock ticks per second that `/proc/<pid>/stat` counts CPU time in (USER_HZ).
+fn clock_ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of the whole process `pid` (every thread), in clock ticks.
+fn cpu_ticks(pid: u32) -> Result<u64, Error> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name, in parentheses, may hold spaces: count fields after its `)`.
+    // Fields 14 and 15 of proc(5) are the 12th and 13th after it.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let mut fields = after_name.split_whitespace().skip(11);
+    let mut next = || -> Result<u64, Error> { Ok(fields.next().ok_or("short /proc/<pid>/stat")?.parse()?) };
+    Ok(next()? + next()?)
+}
+
+/// VmRSS of the process `pid`, in KiB.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    line.trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+/// `envoy/local.yaml` with ports 0, the `fake` cluster on the fake upstream, and no access
+/// log. With `filter` (the plugin configuration and the `.wasm`), the wasm filter reads
+/// them; without, it is removed and the `fake` route matches every request.
+fn bootstrap(root: &Path, fake: SocketAddr, filter: Option<(&Value, &Path)>) -> Result<String, Error> {
+    let text = std::fs::read_to_string(root.join("envoy/local.yaml"))?;
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    doc["admin"]["address"]["socket_address"]["port_value"] = 0.into();
+    let listener = &mut doc["static_resources"]["listeners"][0];
+    listener["address"]["socket_address"]["port_value"] = 0.into();
+    let hcm = &mut listener["filter_chains"][0]["filters"][0]["typed_config"];
+    // One write per request off the hot path, in both Envoys alike.
+    if let Some(hcm) = hcm.as_mapping_mut() {
+        hcm.remove("access_log");
+    }
+    let filters = hcm["http_filters"]
+        .as_sequence_mut()
+        .ok_or("no http_filters in envoy/local.yaml")?;
+    match filter {
+        Some((plugin, wasm)) => {
+            let waygate = filters
+                .iter_mut()
+                .find(|f| f["name"] == "waygate")
+                .ok_or("no waygate filter in envoy/local.yaml")?;
+            let config = &mut waygate["typed_config"]["config"];
+            config["configuration"]["value"] = serde_json::to_string(plugin)?.into();
+            config["vm_config"]["code"]["local"]["filename"] = wasm.to_string_lossy().into_owned().into();
+        }
+        None => {
+            filters.retain(|f| f["name"] != "waygate");
+            let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+                .as_sequence_mut()
+                .ok_or("no routes in envoy/local.yaml")?;
+            for route in routes.iter_mut().filter(|r| r["name"] == "fake") {
+                if let Some(m) = route["match"].as_mapping_mut() {
+                    m.remove("headers");
+                }
+            }
+        }
+    }
+    let clusters = doc["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .ok_or("no clusters in envoy/local.yaml")?;
+    for cluster in clusters.iter_mut().filter(|c| c["name"] == "fake") {
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
+            fake.port().into();
+    }
+    Ok(serde_yaml::to_string(&doc)?)
+}
+
+/// Envoy on `yaml`, on CPU 0, its log in `target/bench/<name>.log`; ready once its admin
+/// says so, with the `waygate` listener's address read back from the admin.
+fn start_envoy(binary: &Path, yaml: &str, root: &Path, work: &Path, name: &str, pin: bool) -> Result<Proc, Error> {
+    let config = work.join(format!("{name}.yaml"));
+    std::fs::write(&config, yaml)?;
+    let admin_path = work.join(format!("{name}.admin"));
+    let _ = std::fs::remove_file(&admin_path);
+    let log_path = work.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path)?;
+    let mut cmd = on_cpu0(pin, binary);
+    cmd.arg("-c")
+        .arg(&config)
+        .args(ENVOY_FLAGS)
+        .arg("--admin-address-path")
+        .arg(&admin_path)
+        .current_dir(root)
+        // No real provider key reaches the VM (the bootstrap forwards these).
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("GEMINI_API_KEY")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let mut proc = Proc {
+        name: name.to_string(),
+        child: cmd.spawn().map_err(|e| format!("{cmd:?}: {e}"))?,
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let admin = loop {
+        let failed = if proc.child.try_wait()?.is_some() {
+            Some("exited")
+        } else if Instant::now() > deadline {
+            Some("was not ready in 60 s")
+        } else {
+            None
+        };
+        if let Some(why) = failed {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            return Err(format!("Envoy {name} {why}:\n{log}").into());
+        }
+        let admin = std::fs::read_to_string(&admin_path)
+            .ok()
+            .and_then(|a| a.trim().parse().ok());
+        if let Some(admin) = admin
+            && admin_get(admin, "/ready").is_ok_and(|(status, _)| status == 200)
+        {
+            break admin;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (_, body) = admin_get(admin, "/listeners?format=json")?;
+    let listeners: Value = serde_json::from_str(&body).map_err(|e| format!("/listeners: {e}: {body}"))?;
+    let waygate = listeners["listener_statuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|l| l["name"] == "waygate")
+        .ok_or_else(|| format!("Envoy {name} has no waygate listener: {body}"))?;
+    let port = waygate["local_address"]["socket_address"]["port_value"]
+        .as_u64()
+        .ok_or_else(|| format!("Envoy {name}: no port in {waygate}"))?;
+    proc.addr = SocketAddr::from(([127, 0, 0, 1], u16::try_from(port)?));
+    Ok(proc)
+}
+
+/// A GET on Envoy's admin: status and body.
+fn admin_get(addr: SocketAddr, path: &str) -> Result<(u16, String), Error> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(conn, "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")?;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("admin: no header end")?;
+    let status = head.split(' ').nth(1).ok_or("admin: no status")?.parse()?;
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    Ok((status, if chunked { dechunk(body) } else { body.to_string() }))
+}
+
+/// A chunked body's payload.
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        let Some(chunk) = after.get(..size).filter(|_| size > 0) else {
+            break;
+        };
+        out.push_str(chunk);
+        rest = after.get(size..).unwrap_or_default().trim_start_matches("\r\n");
+    }
+    out
+}
+
+const TENSORZERO: &str = "tensorzero==2026.6.0";
+
+/// TensorZero's Rust gateway, as its PyPI package ships it: the wheel embeds the whole
+/// gateway (axum on tokio) and `_start_http_gateway` serves it over HTTP from the Python
+/// process, which then only sleeps. Installed once into a venv in target/bench/peers; on
+/// CPU 0 like Envoy (tokio sizes its runtime to the one CPU it may use); no
+/// observability store; its log at `error`, as a deployment would run it (its default
+/// level writes a warning per request for the body's `user` field).
+fn start_tensorzero(work: &Path, pin: bool, fake: SocketAddr) -> Result<Proc, Error> {
+    let venv = work.join("peers/tensorzero");
+    let python = venv.join("bin/python");
+    install_venv(&venv, TENSORZERO)?;
+    let config = venv.join("bench.toml");
+    let mut toml = String::new();
+    for model in ["gpt-4o-mini", "long-18"] {
+        toml.push_str(&format!(
+            "[models.{model}]\nrouting = [\"fake\"]\n\n[models.{model}.providers.fake]\ntype = \"openai\"\n\
+             model_name = \"{model}\"\napi_base = \"http://{fake}/v1/\"\napi_key_location = \"env::OPENAI_API_KEY\"\n\n"
+        ));
+    }
+    toml.push_str("[gateway.observability]\nenabled = false\n");
+    std::fs::write(&config, toml)?;
+    let launcher = venv.join("serve.py");
+    std::fs::write(
+        &launcher,
+        "import sys, time, urllib.parse\n\
+         from tensorzero.tensorzero import _start_http_gateway\n\
+         gateway = _start_http_gateway(config_file=sys.argv[1], clickhouse_url=None,\n    \
+         postgres_url=None, valkey_url=None, async_setup=False)\n\
+         print('tensorzero listening on http://' + urllib.parse.urlsplit(gateway.base_url).netloc, flush=True)\n\
+         while True:\n    time.sleep(3600)\n",
+    )?;
+    let mut cmd = on_cpu0(pin, &python);
+    cmd.arg(&launcher)
+        .arg(&config)
+        .env("OPENAI_API_KEY", "fake-openai-key")
+        .env("RUST_LOG", "error")
+        .env("TENSORZERO_DISABLE_PSEUDONYMOUS_USAGE_ANALYTICS", "1")
+        .current_dir(&venv);
+    Proc::spawn(
+        &mut cmd,
+        "tensorzero listening on http://",
+        &work.join("tensorzero.log"),
+    )
+}
+
+/// A venv at `venv` with `package` installed from PyPI, once: a marker written after
+/// the install names what it holds, so an install cut short is done again.
+fn install_venv(venv: &Path, package: &str) -> Result<(), Error> {
+    let marker = venv.join(".waygate-installed");
+    if std::fs::read_to_string(&marker).is_ok_and(|held| held == package) {
+        return Ok(());
+    }
+    let pip = venv.join("bin/pip");
+    let mut steps = [Command::new("python3"), Command::new(&pip)];
+    steps[0].args(["-m", "venv"]).arg(venv);
+    steps[1].args(["install", "-q", package]);
+    for mut step in steps {
+        let status = step.status().map_err(|e| format!("{step:?}: {e}"))?;
+        if !status.success() {
+            return Err(format!("installing {package} failed: {step:?}").into());
+        }
+    }
+    std::fs::write(marker, package)?;
+    Ok(())
+}
+
+/// A child server process, killed (by its own pid) when dropped.
+struct Proc {
+    name: String,
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Proc {
+    /// Starts `cmd` with its stdout going to the file `log` and waits for the line
+    /// `<prefix>ADDR` in it. A file, not a pipe: draining a pipe would wake a thread of
+    /// this process (on the load generator's CPU) for every line a server logs.
+    fn spawn(cmd: &mut Command, prefix: &str, log: &Path) -> Result<Proc, Error> {
+        let name = log
+            .file_stem()
+            .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        let file = std::fs::File::create(log)?;
+        cmd.stdout(file.try_clone()?).stderr(file);
+        let mut child = cmd.spawn().map_err(|e| format!("{cmd:?}: {e}"))?;
+        let started = Instant::now();
+        let addr = loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if let Some(addr) = text.lines().find_map(|line| line.strip_prefix(prefix)) {
+                break addr.trim().parse()?;
+            }
+            let exited = child.try_wait()?.is_some();
+            if exited || started.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                let why = if exited { "exited" } else { "gave no address in 60 s" };
+                return Err(format!("{cmd:?} {why}:\n{text}").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Ok(Proc { name, child, addr })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process still runs: not exited, not a zombie waiting to be reaped.
+    fn alive(&self) -> bool {
+        // `try_wait` needs `&mut`; the state in `/proc/<pid>/stat` serves as well.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        state.is_some_and(|s| s != "Z" && s != "X")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The requests, as raw HTTP/1.1 bytes.
+struct Requests {
+    /// What the filter sends the provider for the gateway's request: the provider's path,
+    /// credential and model name. Sent to the upstream direct and to Envoy alone.
+    provider: Vec<u8>,
+    provider_stream: Vec<u8>,
+    gateway: Vec<u8>,
+    gateway_stream: Vec<u8>,
+    tensorzero: Vec<u8>,
+    tensorzero_stream: Vec<u8>,
+}
+
+fn http(path: &str, headers: &[(&str, &str)], body: &Value) -> Vec<u8> {
+    let body = serde_json::to_vec(body).unwrap_or_default();
+    let mut req = format!("POST {path} HTTP/1.1\r\nhost: gateway.local\r\ncontent-type: application/json\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+impl Requests {
+    fn new(body: &Value) -> Requests {
+        let with = |model: &str, stream: bool| {
+            let mut b = body.clone();
+            b["model"] = model.into();
+            if stream {
+                b["stream"] = true.into();
+            }
+            b
+        };
+        let openai_key = [("authorization", "Bearer fake-openai-key")];
+        let dev_key = [("authorization", "Bearer wg-dev-key")];
+        let gateway_path = "/api/v1/chat/completions";
+        // TensorZero's OpenAI-compatible endpoint names a model from its config this way.
+        let tensorzero_path = "/openai/v1/chat/completions";
+        Requests {
+            provider: http("/v1/chat/completions", &openai_key, &with("gpt-4o-mini", false)),
+            // The filter adds `stream_options.include_usage` to count tokens, and the fake
+            // paces the usage chunk like any other event, so a stream asked for without it
+            // would end one event sooner and charge the filter for the fake's pause.
+            provider_stream: http("/v1/chat/completions", &openai_key, &{
+                let mut b = with("long-18", true);
+                b["stream_options"] = json!({"include_usage": true});
+                b
+            }),
+            gateway: http(gateway_path, &dev_key, &with("fake/gpt-4o-mini", false)),
+            gateway_stream: http(gateway_path, &dev_key, &with("fake/long-18", true)),
+            tensorzero: http(
+                tensorzero_path,
+                &[],
+                &with("tensorzero::model_name::gpt-4o-mini", false),
+            ),
+            tensorzero_stream: http(tensorzero_path, &[], &with("tensorzero::model_name::long-18", true)),
+        }
+    }
+}
+
+/// Latencies (ns) of every request, their times to the first body byte, and the wall time.
+#[derive(Default)]
+struct Stats {
+    latency: Vec<u64>,
+    first: Vec<u64>,
+    wall: Duration,
+    count: usize,
+}
+
+impl Stats {
+    fn merge(&mut self, other: Stats) {
+        self.latency.extend(other.latency);
+        self.first.extend(other.first);
+        self.wall += other.wall;
+        self.count += other.count;
+    }
+
+    fn p(&self, q: f64) -> f64 {
+        percentile(&self.latency, q)
+    }
+
+    fn first(&self, q: f64) -> f64 {
+        percentile(&self.first, q)
+    }
+
+    fn rps(&self) -> f64 {
+        self.count as f64 / self.wall.as_secs_f64()
+    }
+}
+
+fn percentile(values: &[u64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    let rank = (sorted.len().saturating_sub(1) as f64 * q).round() as usize;
+    sorted.get(rank).map_or(f64::NAN, |&ns| ns as f64)
+}
+
+/// How long one load runs: a number of requests, or a wall time.
+#[derive(Clone, Copy)]
+enum Budget {
+    Requests(usize),
+    Time(Duration),
+}
+
+/// Sends requests over `c` keep-alive connections until `budget` is spent.
+async fn load(addr: SocketAddr, request: &[u8], c: usize, budget: Budget) -> Result<Stats, Error> {
+    let request: Rc<[u8]> = Rc::from(request);
+    let sent = Rc::new(std::cell::Cell::new(0usize));
+    let start = Instant::now();
+    let more = move |sent: usize| match budget {
+        Budget::Requests(total) => sent < total,
+        Budget::Time(wall) => start.elapsed() < wall,
+    };
+    let connections = match budget {
+        Budget::Requests(total) => c.min(total),
+        Budget::Time(_) => c,
+    };
+    let local = tokio::task::LocalSet::new();
+    let results = local
+        .run_until(async {
+            let mut tasks = Vec::new();
+            for _ in 0..connections {
+                let (request, sent) = (Rc::clone(&request), Rc::clone(&sent));
+                tasks.push(tokio::task::spawn_local(async move {
+                    let mut conn = TcpStream::connect(addr).await?;
+                    conn.set_nodelay(true)?;
+                    let mut buf = Vec::with_capacity(64 * 1024);
+                    let mut out = Vec::new();
+                    while more(sent.get()) {
+                        sent.set(sent.get() + 1);
+                        out.push(exchange(&mut conn, &mut buf, &request).await?);
+                    }
+                    Ok::<_, std::io::Error>(out)
+                }));
+            }
+            let mut all = Vec::new();
+            for task in tasks {
+                all.push(task.await);
+            }
+            all
+        })
+        .await;
+    let mut stats = Stats {
+        wall: start.elapsed(),
+        ..Stats::default()
+    };
+    for result in results {
+        for (latency, first) in result?? {
+            stats.latency.push(latency);
+            stats.first.push(first);
+            stats.count += 1;
+        }
+    }
+    Ok(stats)
+}
+
+enum Framing {
+    Length(usize),
+    Chunked,
+}
+
+/// One request on a keep-alive connection: (total ns, ns to the first body byte).
+async fn exchange(conn: &mut TcpStream, buf: &mut Vec<u8>, request: &[u8]) -> std::io::Result<(u64, u64)> {
+    let start = Instant::now();
+    conn.write_all(request).await?;
+    buf.clear();
+    let mut head: Option<(usize, Framing)> = None;
+    let mut first = None;
+    loop {
+        if buf.capacity() - buf.len() < 16 * 1024 {
+            buf.reserve(64 * 1024);
+        }
+        if conn.read_buf(buf).await? == 0 {
+            return Err(std::io::Error::other("connection closed mid-response"));
+        }
+        if head.is_none()
+            && let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n")
+        {
+            head = Some((end + 4, parse_head(buf.get(..end).unwrap_or_default())?));
+        }
+        let Some((body_at, framing)) = &head else { continue };
+        let body = buf.get(*body_at..).unwrap_or_default();
+        if first.is_none() && !body.is_empty() {
+            first = Some(start.elapsed().as_nanos() as u64);
+        }
+        let done = match framing {
+            Framing::Length(n) => body.len() >= *n,
+            Framing::Chunked => body.ends_with(b"\r\n0\r\n\r\n") || body == b"0\r\n\r\n",
+        };
+        if done {
+            let total = start.elapsed().as_nanos() as u64;
+            return Ok((total, first.unwrap_or(total)));
+        }
+    }
+}
+
+/// The response's framing; an error unless its status is 200.
+fn parse_head(head: &[u8]) -> std::io::Result<Framing> {
+    let text = String::from_utf8_lossy(head);
+    let mut lines = text.split("\r\n");
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)).unwrap_or("");
+    if status != "200" {
+        return Err(std::io::Error::other(format!("status {status}: {text}")));
+    }
+    let mut framing = Framing::Length(0);
+    for line in lines {
+        let Some((k, v)) = line.split_once(':') else { continue };
+        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+        if k == "content-length" {
+            framing = Framing::Length(v.parse().map_err(std::io::Error::other)?);
+        } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
+            framing = Framing::Chunked;
+        }
+    }
+    Ok(framing)
+}
+
+/// SSE events in one streamed answer before `[DONE]` (checks each row streams alike).
+async fn sse_events(addr: SocketAddr, request: &[u8]) -> Result<usize, Error> {
+    let mut conn = TcpStream::connect(addr).await?;
+    let mut buf = Vec::new();
+    exchange(&mut conn, &mut buf, request).await?;
+    let text = String::from_utf8_lossy(&buf);
+    if !text.contains("data: [DONE]") {
+        return Err(format!("the stream did not end with [DONE]: {text}").into());
+    }
+    Ok(text.matches("data: ").count().saturating_sub(1))
+}

@@ -82,13 +82,19 @@ $(PYENV)/.installed: tests/clients/requirements.txt
 	$(PYENV)/bin/pip install -q -r tests/clients/requirements.txt
 	touch $@
 
-# Unit tests, the fakes' tests, and every integration test (tests/) through real Envoy.
+# Unit tests, the fakes' tests, and every integration test (tests/) through real Envoy; on
+# an Envoy with per-retry cluster choice (>= 1.39) the integration tests run a second time
+# with router fallback (WAYGATE_TEST_FALLBACK=router, README "Routing and fallback").
+ROUTER_FALLBACK_VERSIONS := 1.40.0
+ROUTER_FALLBACK := $(filter $(WAYGATE_ENVOY_VERSION),$(ROUTER_FALLBACK_VERSIONS))
 test: build envoy $(PYENV)/.installed
 	$(CARGO) test --release --workspace
+	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release -p waygate --test '*')
 
 # Only the integration tests, through WAYGATE_ENVOY_VERSION (CI runs them on each version).
 test-integration: build envoy $(PYENV)/.installed
 	$(CARGO) test --release -p waygate --test '*'
+	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release -p waygate --test '*')
 
 # Every shipped Envoy/Istio/compose config parsed into Envoy's own API types (xds-protos),
 # then the check's own tests (each misspelling must fail it). No Envoy or Docker needed.

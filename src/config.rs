@@ -28,6 +28,20 @@ impl Api {
     }
 }
 
+/// How a failed attempt reaches the next candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fallback {
+    /// The filter sends the next attempt with `dispatch_http_call`, whose
+    /// answer Envoy buffers whole: works on every Envoy >= 1.35.
+    HttpCall,
+    /// Envoy's router retries, cluster by cluster, with the filter also
+    /// installed as an upstream filter that rewrites each attempt: the next
+    /// provider's answer streams. Needs Envoy >= 1.39 and its route shape
+    /// (README "Routing and fallback").
+    Router,
+}
+
 /// A validated configuration, ready for requests.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -36,6 +50,7 @@ pub struct Config {
     pub cluster_header: String,
     pub max_request_bytes: u64,
     pub max_provider_tries: u32,
+    pub fallback: Fallback,
     pub keys: Vec<Key>,
     pub providers: Vec<Provider>,
     pub models: Vec<Model>,
@@ -92,6 +107,16 @@ impl Config {
         self.providers.iter().enumerate().find(|(_, p)| p.id == id)
     }
 
+    /// Whether `json` configures the filter's upstream role, installed on
+    /// provider clusters for router fallback: exactly `{"role": "upstream"}`.
+    /// Its providers and keys are the downstream plugin's, in the same VM.
+    pub fn is_upstream_role(json: &[u8]) -> bool {
+        let Ok(serde_json::Value::Object(members)) = serde_json::from_slice(json) else {
+            return false;
+        };
+        members.len() == 1 && members.get("role").and_then(serde_json::Value::as_str) == Some("upstream")
+    }
+
     /// Parses and validates the plugin configuration. `env` looks up a VM
     /// environment variable. On failure, every problem found is returned.
     pub fn parse(json: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Vec<String>> {
@@ -115,6 +140,7 @@ struct RawConfig {
     max_request_bytes: Option<u64>,
     #[serde(default, deserialize_with = "whole_number")]
     max_provider_tries: Option<u64>,
+    fallback: Option<Fallback>,
     #[serde(default)]
     keys: Vec<RawKey>,
     #[serde(default)]
@@ -226,6 +252,7 @@ impl RawConfig {
             cluster_header,
             max_request_bytes,
             max_provider_tries: u32::try_from(max_provider_tries).unwrap_or(u32::MAX),
+            fallback: self.fallback.unwrap_or(Fallback::HttpCall),
             keys,
             providers,
             models,

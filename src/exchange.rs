@@ -8,13 +8,15 @@
 //! (parse, resolve, authorise, route, translate) → response headers (stream
 //! or buffer) → response body (translate) → access log.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use serde_json::{Value, json};
 
 use crate::answer::{self, Stamp};
+use crate::attempts::{Attempts, Prepared};
 use crate::auth;
-use crate::config::{Api, Config, Provider};
+use crate::config::{Api, Config, Fallback, Provider};
 use crate::errors::{ApiError, ErrorType};
 use crate::ids::new_id;
 use crate::limits::{self, SharedStore, Standing};
@@ -168,6 +170,9 @@ pub struct Exchange {
     max_tries: usize,
     /// Why the first candidate that could not express the request refused.
     refusal: Option<ApiError>,
+    /// With `"fallback": "router"`: the attempts Envoy's router makes, shared
+    /// with the upstream filter contexts that apply them and report back.
+    routed: Option<Rc<RefCell<Attempts>>>,
     /// The key's limits and use, when it has limits; tokens counted once.
     standing: Option<Standing>,
     /// Request headers besides `authorization` that carry the client's key
@@ -182,6 +187,10 @@ pub struct Exchange {
 }
 
 const HOP_HEADERS_TO_DROP: [&str; 3] = ["authorization", "accept-encoding", "content-length"];
+
+/// With router fallback, this request header (value `1`) selects the
+/// route that retries across clusters; that route removes it again.
+pub const ROUTED_HEADER: &str = "x-waygate-routed";
 
 /// The largest non-streaming answer the filter holds. The shell keeps the
 /// answer itself rather than in Envoy's buffer, whose limit would end an
@@ -205,6 +214,7 @@ impl Exchange {
             next: 0,
             max_tries: 0,
             refusal: None,
+            routed: None,
             standing: None,
             key_headers: Vec::new(),
             settled: false,
@@ -402,6 +412,9 @@ impl Exchange {
         let model = request.model.clone();
         self.request = Some(request);
 
+        if cfg.fallback == Fallback::Router {
+            return self.prepare_attempts(&cfg, &model, &keyless);
+        }
         match self.next_upstream() {
             Some((provider, upstream)) => Ok(self.forward(&cfg, provider, upstream)),
             None => Err(self
@@ -475,6 +488,79 @@ impl Exchange {
             set,
             body: upstream.body,
         }
+    }
+
+    /// Router fallback: every attempt the request may make, translated now
+    /// (in order, bounded by the tries), and the downstream request that
+    /// carries them to the router: the routed route's marker, the retries
+    /// allowed, and the client's key removed. The body is left as the client
+    /// sent it; each attempt replaces it. The shell publishes each attempt's
+    /// cluster for the route's matcher ([`Attempts::clusters`]).
+    fn prepare_attempts(&mut self, cfg: &Config, model: &str, keyless: &[String]) -> Result<Forward, ApiError> {
+        let mut prepared: Vec<Prepared> = Vec::new();
+        while prepared.len() < self.max_tries {
+            let Some((index, upstream)) = self.next_upstream() else {
+                break;
+            };
+            let Some(provider) = cfg.providers.get(index) else {
+                continue;
+            };
+            let mut set: Vec<Header> = vec![
+                (":path".into(), upstream.path),
+                (":authority".into(), provider.authority.clone()),
+                ("content-type".into(), "application/json".into()),
+                ("content-length".into(), upstream.body.len().to_string()),
+            ];
+            set.extend(upstream.headers);
+            prepared.push(Prepared {
+                provider: index,
+                cluster: provider.cluster.clone(),
+                set,
+                body: upstream.body,
+            });
+        }
+        let Some(first) = prepared.first() else {
+            return Err(self
+                .refusal
+                .take()
+                .unwrap_or_else(|| routing::no_provider(model, keyless)));
+        };
+        self.provider = Some(first.provider);
+        // Envoy's per-try timeout is one value for every attempt: the shortest
+        // budget of the candidates, so no provider runs past its own.
+        let per_try_ms = prepared
+            .iter()
+            .filter_map(|p| cfg.providers.get(p.provider))
+            .map(|p| p.timeout_ms)
+            .min()
+            .unwrap_or(0);
+        let set: Vec<Header> = vec![
+            (ROUTED_HEADER.into(), "1".into()),
+            ("x-envoy-max-retries".into(), (prepared.len() - 1).to_string()),
+            ("x-envoy-upstream-rq-per-try-timeout-ms".into(), per_try_ms.to_string()),
+        ];
+        let mut cleared: Vec<String> = HOP_HEADERS_TO_DROP
+            .iter()
+            .filter(|h| **h != "content-length")
+            .map(|h| (*h).to_string())
+            .collect();
+        cleared.extend(self.key_headers.iter().cloned());
+        let attempts = Attempts::new(prepared, &cleared);
+        self.routed = Some(Rc::new(RefCell::new(attempts)));
+        Ok(Forward {
+            remove: cleared,
+            set,
+            body: self
+                .request
+                .as_ref()
+                .map(|r| r.raw().as_bytes().to_vec())
+                .unwrap_or_default(),
+        })
+    }
+
+    /// With router fallback, the attempts to share with the upstream filter.
+    pub fn routed_attempts(&self) -> Option<Rc<RefCell<Attempts>>> {
+        self.routed.clone()
     }
 
     /// The next fallback call, if a candidate is left.
@@ -615,12 +701,22 @@ impl Exchange {
             return (ResponseAction::Continue, None);
         }
         let router_error = head.code_details.is_some_and(|d| d != "via_upstream");
-        self.record_attempt(head.status, router_error);
-        if retryable(head.status, router_error)
-            && let Some(call) = self.next_call()
-        {
-            self.phase = Phase::Calling;
-            return (ResponseAction::Fallback(call), None);
+        if let Some(routed) = self.routed.clone() {
+            // The router has made every attempt already; this is the last one's answer.
+            let routed = routed.borrow();
+            self.attempts = routed.outcomes().to_vec();
+            match self.attempts.last() {
+                Some((provider, _)) => self.provider = Some(*provider),
+                None => self.record_attempt(head.status, true),
+            }
+        } else {
+            self.record_attempt(head.status, router_error);
+            if retryable(head.status, router_error)
+                && let Some(call) = self.next_call()
+            {
+                self.phase = Phase::Calling;
+                return (ResponseAction::Fallback(call), None);
+            }
         }
         let ok = (200..300).contains(&head.status) && !router_error;
         let event_stream = head
@@ -1328,5 +1424,73 @@ mod tests {
                 .set
                 .contains(&("x-api-key".to_string(), ANTHROPIC_SECRET.to_string()))
         );
+    }
+
+    #[test]
+    fn with_router_fallback_every_attempt_is_prepared_and_the_last_answer_is_shaped() {
+        let mut config = (*config()).clone();
+        config.fallback = Fallback::Router;
+        let mut ex = Exchange::new(Rc::new(config));
+        let auth = format!("Bearer {CLIENT_KEY}");
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = [
+            (":method", "POST"),
+            (":path", "/api/v1/chat/completions"),
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+            ("x-api-key", CLIENT_KEY),
+        ]
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+        assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
+        let body = json!({"model": "chain/x", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+        let forward = ex
+            .on_request_body(body.to_string().as_bytes(), 1, &mut MemoryStore::default())
+            .unwrap();
+        // The downstream request carries the route marker and the retries, not a translation.
+        assert!(forward.set.contains(&(ROUTED_HEADER.into(), "1".into())), "{forward:?}");
+        assert!(forward.set.contains(&("x-envoy-max-retries".into(), "1".into())));
+        assert_eq!(forward.body, body.to_string().into_bytes());
+        for name in ["authorization", "x-api-key"] {
+            assert!(forward.remove.iter().any(|r| r == name), "{name}: {forward:?}");
+        }
+        let routed = ex.routed_attempts().unwrap();
+        assert_eq!(routed.borrow().clusters().collect::<Vec<_>>(), ["c_oa", "c_an"]);
+
+        // What the upstream filter does for the router's two attempts.
+        let first = routed.borrow_mut().start(1).unwrap();
+        assert!(
+            first
+                .set
+                .contains(&("authorization".into(), format!("Bearer {SECRET}")))
+        );
+        routed.borrow_mut().on_response(1, 503);
+        let second = routed.borrow_mut().start(2).unwrap();
+        assert!(
+            second.set.contains(&(":path".into(), "/v1/messages".into())),
+            "{second:?}"
+        );
+        assert!(second.set.contains(&("x-api-key".into(), ANTHROPIC_SECRET.into())));
+        assert!(second.remove.iter().any(|r| r == "authorization"), "{second:?}");
+        assert!(text(&second.body).contains("\"model\":\"b\""), "{}", text(&second.body));
+        routed.borrow_mut().on_response(2, 200);
+
+        // The answer the client gets is the second one's, streamed and translated.
+        let (action, _) = ex.on_response_headers(&head(200, "text/event-stream"), false);
+        let ResponseAction::Stream { set, .. } = action else {
+            panic!("{action:?}");
+        };
+        assert!(
+            set.contains(&("x-waygate-attempts".into(), "oa:503,an:200".into())),
+            "{set:?}"
+        );
+        assert!(set.contains(&("x-waygate-provider".into(), "an".into())), "{set:?}");
+        let mut out = Vec::new();
+        ex.on_stream_body(
+            b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"b\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+            false,
+            &mut out,
+        );
+        assert!(text(&out).contains("chat.completion.chunk"), "{}", text(&out));
     }
 }

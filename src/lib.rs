@@ -24,6 +24,7 @@
 //! stream events recognised by their layout, word-at-a-time searches).
 
 pub mod answer;
+pub mod attempts;
 pub mod auth;
 pub mod config;
 pub mod dom;

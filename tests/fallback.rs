@@ -1,6 +1,9 @@
-//! Fallback across providers (contract §4, §5) through the compiled filter:
-//! the first attempt goes through the route; a failed one is held and the
-//! next candidates are called with `dispatch_http_call`.
+//! Fallback across providers (contract §4, §5) through the compiled filter,
+//! in the shape the run asks for (`common::router_fallback`): with
+//! `"fallback": "http_call"` the first attempt goes through the route and a
+//! failed one is held while the next candidates are called with
+//! `dispatch_http_call`; with `"fallback": "router"` Envoy's router retries
+//! cluster by cluster and the filter's upstream role rewrites each attempt.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
@@ -54,7 +57,17 @@ fn a_provider_client_error_is_not_retried() {
 #[test]
 fn connect_refused_and_missing_clusters_fall_back() {
     let gw = Gateway::with_config(&chain_config(&[("closed", "ok"), ("ghost", "ok"), ("backup", "ok")]));
-    served(&ask(&gw, None), "backup", "closed:error,ghost:error,backup:200");
+    if !common::router_fallback() {
+        served(&ask(&gw, None), "backup", "closed:error,ghost:error,backup:200");
+        return;
+    }
+    // With router retries a slot naming a cluster Envoy lacks ends the request:
+    // the router would send that attempt to the previous cluster, and the
+    // upstream filter refuses to send a provider's credential there.
+    let r = ask(&gw, None);
+    r.assert_error(502, "upstream_error", "upstream_error", None);
+    assert_eq!(r.header("x-waygate-attempts"), Some("closed:error,ghost:error"));
+    assert_eq!(gw.fakes.received().len(), 0);
 }
 
 #[test]
@@ -266,6 +279,91 @@ fn an_upstream_cut_mid_stream_is_not_retried_and_never_ends_with_done() {
             gw.chat(json!({"model": "fake/ok", "messages": [{"role": "user", "content": "hi"}]}))
                 .status,
             200
+        );
+    }
+}
+
+/// A streamed request on a raw connection: the time until the first SSE
+/// event arrived, the time until the stream ended, and everything received.
+fn timed_stream(gw: &Gateway, body: &Value) -> (std::time::Duration, std::time::Duration, Response) {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let mut conn = std::net::TcpStream::connect(gw.addr).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let request = format!(
+        "POST /api/v1/chat/completions HTTP/1.1\r\nhost: gateway.local\r\nconnection: close\r\n\
+         authorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        common::DEV_KEY,
+        body.len()
+    );
+    let started = std::time::Instant::now();
+    conn.write_all(request.as_bytes()).unwrap();
+    let (mut first, mut raw, mut buf) = (None, Vec::new(), [0u8; 16384]);
+    loop {
+        let n = conn.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if first.is_none() && raw.windows(6).any(|w| w == b"data: ") {
+            first = Some(started.elapsed());
+        }
+    }
+    (first.unwrap(), started.elapsed(), common::parse_response(&raw))
+}
+
+#[test]
+fn with_router_retries_a_fallback_stream_reaches_the_client_as_it_is_generated() {
+    // Envoy < 1.39 has no per-retry cluster choice: fallback there is the
+    // buffered http call the tests above cover.
+    let Some(gw) = Gateway::routed(&chain_config(&[("fake", "status-503"), ("fakeanthropic", "long-1500")])) else {
+        eprintln!(
+            "skipped: router fallback needs Envoy >= 1.39, not {:?}",
+            common::envoy::version()
+        );
+        return;
+    };
+    // 1,500 events about 2 ms apart: the second provider generates for seconds.
+    let body = json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}], "stream": true,
+        "max_tokens": 2000});
+    let (first, whole, r) = timed_stream(&gw, &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,fakeanthropic:200"));
+    assert_eq!(r.header("x-waygate-provider"), Some("fakeanthropic"));
+    let chunks = r.done_chunks();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text.split_whitespace().count(), 1500, "every word, translated");
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk" && c["model"] == "chain/x")
+    );
+    assert!(
+        whole > std::time::Duration::from_millis(1500),
+        "the provider took {whole:?}: too fast to tell streaming from buffering"
+    );
+    eprintln!("router fallback stream: first event after {first:?}, whole stream {whole:?}");
+    assert!(
+        first < whole / 5,
+        "the first event arrived after {first:?} of {whole:?}: the fallback answer was held"
+    );
+    // Both attempts reached the fakes, each with its own API and credential only.
+    let got = gw.fakes.received();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].path, "/v1/chat/completions");
+    assert_eq!(got[0].header("authorization"), Some("Bearer fake-openai-key"));
+    assert_eq!(got[0].header("x-api-key"), None);
+    assert_eq!(got[1].path, "/v1/messages");
+    assert_eq!(got[1].header("x-api-key"), Some("fake-anthropic-key"));
+    assert_eq!(got[1].header("authorization"), None);
+    for request in &got {
+        assert!(
+            request.headers.iter().all(|(k, _)| !k.starts_with("x-waygate-")),
+            "{:?}",
+            request.headers
         );
     }
 }

@@ -7,6 +7,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use super::host::{self, Buffer, Map};
+use super::routed;
 use crate::config::Config;
 use crate::errors::{ApiError, ErrorType};
 use crate::exchange::{
@@ -40,6 +41,8 @@ pub struct Stream {
     /// The most Envoy's own buffer of the held answer has held, once a body
     /// callback paused; `None` before. See [`Stream::finish_held`].
     held_max: Option<usize>,
+    /// With router fallback, this request's token in [`routed`]'s registry.
+    routed_token: Option<u64>,
     /// A size Envoy's body buffers are known to take: the listener's
     /// `per_connection_buffer_limit_bytes` must be above `max_request_bytes`
     /// for requests to pass at all (README, "Running it in Envoy").
@@ -56,6 +59,7 @@ impl Stream {
     pub fn new(config: Rc<Config>) -> Stream {
         Stream {
             envoy_buffer_floor: usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX),
+            routed_token: None,
             exchange: Exchange::new(config),
             response: Response::Untouched,
             started_ns: host::now_nanos(),
@@ -246,6 +250,14 @@ impl Stream {
     }
 }
 
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Some(token) = self.routed_token {
+            routed::forget(token);
+        }
+    }
+}
+
 impl Context for Stream {
     fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
         if self.response != Response::Calling {
@@ -349,6 +361,18 @@ impl HttpContext for Stream {
                             .set
                             .iter()
                             .try_for_each(|(k, v)| host::set_header(Map::Request, k, v))
+                    })
+                    .and_then(|()| match self.exchange.routed_attempts() {
+                        Some(attempts) => {
+                            let published = attempts.borrow().clusters().enumerate().try_for_each(|(i, c)| {
+                                host::set_property(&format!("{}{}", routed::SLOT_PROPERTY, i + 1), c.as_bytes())
+                            });
+                            let token = routed::register(attempts);
+                            self.routed_token = Some(token);
+                            published
+                                .and_then(|()| host::set_property(routed::TOKEN_PROPERTY, token.to_string().as_bytes()))
+                        }
+                        None => Ok(()),
                     });
                 match applied {
                     Ok(()) => {

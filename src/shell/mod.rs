@@ -8,9 +8,11 @@
 //! request headers are held while the body is read, so the route, path,
 //! authority and credential can depend on the body.
 
+mod attempt;
 mod host;
 mod http;
 mod root;
+mod routed;
 
 /// Small blocks from size classes: see [`crate::memory`].
 #[global_allocator]

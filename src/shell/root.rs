@@ -1,12 +1,14 @@
 //! The root context: parses the plugin configuration once per VM, creates
 //! the keys' rate-limit entries before the VM serves, and makes one HTTP
-//! context per stream.
+//! context per stream: a [`Stream`] downstream, or an [`Attempt`] per router
+//! attempt when the plugin is the upstream role (`{"role": "upstream"}`).
 
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
+use super::attempt::Attempt;
 use super::host::{self, Buffer};
 use super::http::Stream;
 use crate::config::Config;
@@ -14,6 +16,7 @@ use crate::config::Config;
 #[derive(Default)]
 pub struct Root {
     config: Option<Rc<Config>>,
+    upstream: bool,
 }
 
 impl Context for Root {}
@@ -27,6 +30,10 @@ impl RootContext for Root {
                 return false;
             }
         };
+        if Config::is_upstream_role(&raw) {
+            self.upstream = true;
+            return true;
+        }
         // The VM's environment is Envoy's `vm_config.environment_variables`.
         let env = |name: &str| std::env::var(name).ok();
         match Config::parse(&raw, &env) {
@@ -52,6 +59,9 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        if self.upstream {
+            return Some(Box::new(Attempt::default()));
+        }
         // No config means on_configure refused, and Envoy never gets here.
         let config = self.config.as_ref()?;
         Some(Box::new(Stream::new(Rc::clone(config))))

@@ -35,6 +35,30 @@ pub fn binary() -> PathBuf {
     path
 }
 
+/// The Envoy under test's version, as `(major, minor)`: from `envoy --version`
+/// (`…/1.40.0/Clean/RELEASE/BoringSSL`), read once.
+pub fn version() -> (u32, u32) {
+    static VERSION: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let out = Command::new(binary()).arg("--version").output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split('/')
+            .find_map(|part| {
+                let mut numbers = part.split('.').map(|n| n.parse::<u32>().ok());
+                match (numbers.next(), numbers.next(), numbers.next(), numbers.next()) {
+                    (Some(Some(major)), Some(Some(minor)), Some(Some(_)), None) => Some((major, minor)),
+                    _ => None,
+                }
+            })
+            .unwrap_or_else(|| panic!("no version in `envoy --version`: {text}"))
+    })
+}
+
+/// Router fallback needs `retry_policy.refresh_cluster_on_retry` (Envoy 1.39).
+pub fn supports_router_fallback() -> bool {
+    version() >= (1, 39)
+}
+
 /// One running Envoy; killed, and its files removed, when dropped.
 pub struct Envoy {
     child: Child,

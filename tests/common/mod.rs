@@ -156,6 +156,152 @@ pub fn bootstrap(fake: SocketAddr, plugin: &Value) -> String {
     serde_yaml::to_string(&doc).unwrap()
 }
 
+/// Whether this run tests router fallback: `WAYGATE_TEST_FALLBACK=router`
+/// runs every gateway of the suite in [`router_bootstrap`]'s shape (`make
+/// test` does, on Envoy >= 1.39); unset or `http_call`, in `envoy/local.yaml`'s.
+pub fn router_fallback() -> bool {
+    match std::env::var("WAYGATE_TEST_FALLBACK").as_deref() {
+        Ok("router") => {
+            assert!(
+                envoy::supports_router_fallback(),
+                "WAYGATE_TEST_FALLBACK=router needs Envoy >= 1.39, not {:?}",
+                envoy::version()
+            );
+            true
+        }
+        Ok("http_call") | Err(_) => false,
+        Ok(other) => panic!("WAYGATE_TEST_FALLBACK={other}: router or http_call"),
+    }
+}
+
+/// How many slots the router-fallback route reads: the tests' most tries.
+pub const ROUTER_SLOTS: usize = 4;
+
+/// [`bootstrap`] in router-fallback shape (Envoy >= 1.39): the plugin gets
+/// `"fallback": "router"`; a first route, for requests the filter gave slot
+/// headers, picks each attempt's cluster with the matcher cluster specifier
+/// and retries on the contract's failures (`refresh_cluster_on_retry`);
+/// every cluster runs the filter's upstream role before its codec; retries
+/// are not capped by the clusters' circuit breakers. Envoy's attempt count
+/// is the previous attempt's number when the router picks the next cluster,
+/// so count `n` selects slot `n + 1` (no count yet: slot 1).
+pub fn router_bootstrap(fake: SocketAddr, plugin: &Value) -> String {
+    let mut plugin = plugin.clone();
+    plugin["fallback"] = "router".into();
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&bootstrap(fake, &plugin)).unwrap();
+    router_shape(&mut doc);
+    serde_yaml::to_string(&doc).unwrap()
+}
+
+/// Turns a bootstrap from [`bootstrap`] into router-fallback shape (see
+/// [`router_bootstrap`]).
+pub fn router_shape(doc: &mut serde_yaml::Value) {
+    let hcm = &mut doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+    let vm_config = hcm["http_filters"][0]["typed_config"]["config"]["vm_config"].clone();
+    let clusters: Vec<String> = doc["static_resources"]["clusters"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    let hcm = &mut doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+    let vhost = &mut hcm["route_config"]["virtual_hosts"][0];
+    vhost["include_request_attempt_count"] = true.into();
+    let slot = |n: usize| -> serde_yaml::Value {
+        let map: serde_yaml::Mapping = clusters
+            .iter()
+            .map(|c| {
+                let action: serde_yaml::Value = serde_yaml::from_str(&format!(
+                    r#"{{action: {{name: "{c}", typed_config: {{"@type": type.googleapis.com/envoy.extensions.router.cluster_specifiers.matcher.v3.ClusterAction, cluster: "{c}"}}}}}}"#
+                ))
+                .unwrap();
+                (serde_yaml::Value::from(c.as_str()), action)
+            })
+            .collect();
+        let mut m: serde_yaml::Value = serde_yaml::from_str(&format!(
+            r#"{{matcher_tree: {{input: {{name: slot, typed_config: {{"@type": type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.FilterStateInput, key: wasm.waygate_slot_{n}}}}}}}}}"#
+        ))
+        .unwrap();
+        m["matcher_tree"]["exact_match_map"]["map"] = serde_yaml::Value::Mapping(map);
+        m
+    };
+    let mut by_attempt = serde_yaml::Mapping::new();
+    for n in 1..ROUTER_SLOTS {
+        let mut entry = serde_yaml::Mapping::new();
+        entry.insert("matcher".into(), slot(n + 1));
+        by_attempt.insert(n.to_string().into(), serde_yaml::Value::Mapping(entry));
+    }
+    let mut route: serde_yaml::Value = serde_yaml::from_str(
+        r#"
+name: routed
+match:
+  prefix: /
+  headers: [{name: x-waygate-routed, present_match: true}]
+request_headers_to_remove: [x-waygate-routed]
+route:
+  timeout: 0s
+  idle_timeout: 300s
+  inline_cluster_specifier_plugin:
+    extension:
+      name: envoy.router.cluster_specifier_plugin.matcher
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.router.cluster_specifiers.matcher.v3.MatcherClusterSpecifier
+        cluster_matcher:
+          matcher_tree:
+            input: {name: attempt, typed_config: {"@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput, header_name: x-envoy-attempt-count}}
+            exact_match_map: {map: {}}
+          on_no_match: {}
+  retry_policy:
+    retry_on: "5xx,reset,connect-failure,retriable-status-codes"
+    retriable_status_codes: [401, 403, 404, 408, 409, 429]
+    retry_back_off: {base_interval: 0.001s, max_interval: 0.002s}
+    refresh_cluster_on_retry: true
+"#,
+    )
+    .unwrap();
+    let matcher =
+        &mut route["route"]["inline_cluster_specifier_plugin"]["extension"]["typed_config"]["cluster_matcher"];
+    matcher["matcher_tree"]["exact_match_map"]["map"] = serde_yaml::Value::Mapping(by_attempt);
+    matcher["on_no_match"]["matcher"] = slot(1);
+    vhost["routes"].as_sequence_mut().unwrap().insert(0, route);
+
+    let mut upstream_filter: serde_yaml::Value = serde_yaml::from_str(
+        r#"
+name: envoy.filters.http.wasm
+typed_config:
+  "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+  config:
+    name: waygate_upstream
+    root_id: waygate
+    failure_policy: FAIL_CLOSED
+    allow_on_headers_stop_iteration: true
+    configuration: {"@type": type.googleapis.com/google.protobuf.StringValue, value: '{"role": "upstream"}'}
+"#,
+    )
+    .unwrap();
+    upstream_filter["typed_config"]["config"]["vm_config"] = vm_config;
+    let codec: serde_yaml::Value = serde_yaml::from_str(
+        r#"{name: envoy.filters.http.upstream_codec, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec}}"#,
+    )
+    .unwrap();
+    for cluster in doc["static_resources"]["clusters"].as_sequence_mut().unwrap() {
+        cluster["circuit_breakers"] = serde_yaml::from_str("{thresholds: [{max_retries: 1000}]}").unwrap();
+        let key = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+        let options = &mut cluster["typed_extension_protocol_options"][key];
+        if options.is_null() {
+            *options = serde_yaml::from_str(
+                r#"{"@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http_protocol_options: {}}}"#,
+            )
+            .unwrap();
+        }
+        // The router picks SNI before the upstream filter rewrites `:authority`.
+        if let Some(o) = options.as_mapping_mut() {
+            o.remove("upstream_http_protocol_options");
+        }
+        options["http_filters"] = serde_yaml::Value::Sequence(vec![upstream_filter.clone(), codec.clone()]);
+    }
+}
+
 /// A server that accepts every connection and closes it at once, shared by
 /// the tests of one binary.
 fn door_slammer_port() -> u16 {
@@ -206,10 +352,26 @@ impl Gateway {
         Gateway::with_config(&test_plugin_config())
     }
 
+    /// The gateway with `plugin`, in the fallback shape the run asks for
+    /// ([`router_fallback`]).
     pub fn with_config(plugin: &Value) -> Gateway {
+        if router_fallback() {
+            Gateway::with_bootstrap(plugin, router_bootstrap)
+        } else {
+            Gateway::with_bootstrap(plugin, bootstrap)
+        }
+    }
+
+    /// The gateway in router-fallback shape ([`router_bootstrap`]); `None`
+    /// when the Envoy under test predates it (< 1.39).
+    pub fn routed(plugin: &Value) -> Option<Gateway> {
+        envoy::supports_router_fallback().then(|| Gateway::with_bootstrap(plugin, router_bootstrap))
+    }
+
+    fn with_bootstrap(plugin: &Value, make: fn(SocketAddr, &Value) -> String) -> Gateway {
         check_wasm_is_fresh();
         let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
-        let envoy = Envoy::start(&bootstrap(fakes.addr(), plugin)).unwrap_or_else(|e| panic!("{e}"));
+        let envoy = Envoy::start(&make(fakes.addr(), plugin)).unwrap_or_else(|e| panic!("{e}"));
         let addr = envoy.listener("waygate");
         Gateway { envoy, fakes, addr }
     }
@@ -339,7 +501,7 @@ pub fn send_raw(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &[
     parse_response(&raw)
 }
 
-fn parse_response(raw: &[u8]) -> Response {
+pub fn parse_response(raw: &[u8]) -> Response {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

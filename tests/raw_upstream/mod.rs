@@ -575,6 +575,16 @@ fn bootstrap(fake: SocketAddr, raw: SocketAddr, plugin: &Value) -> String {
     cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
         raw.port().into();
     clusters.push(cluster);
+    if common::router_fallback() {
+        let mut plugin_doc = doc;
+        let wasm = &mut plugin_doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+            ["http_filters"][0]["typed_config"]["config"]["configuration"]["value"];
+        let mut plugin: Value = serde_json::from_str(wasm.as_str().unwrap()).unwrap();
+        plugin["fallback"] = "router".into();
+        *wasm = serde_json::to_string(&plugin).unwrap().into();
+        common::router_shape(&mut plugin_doc);
+        return serde_yaml::to_string(&plugin_doc).unwrap();
+    }
     serde_yaml::to_string(&doc).unwrap()
 }
 

@@ -1,0 +1,192 @@
+//! Router-driven fallback (`"fallback": "router"`): the attempts one request
+//! may make, prepared by the downstream filter once the body is read, and
+//! what each router attempt's upstream filter applies and reports back.
+//!
+//! Envoy's router makes the attempts (cluster by cluster, following the slot
+//! headers the downstream filter writes); the same VM's upstream filter
+//! context of attempt `n` takes prepared attempt `n` from here, and records
+//! its outcome, which the downstream filter reads when the final answer
+//! arrives. Envoy shares the request header map between attempts, so every
+//! attempt first removes the headers any other attempt would set.
+
+/// A header name and value.
+pub type Header = (String, String);
+
+/// One candidate's request, translated for its provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// Index into the configuration's providers.
+    pub provider: usize,
+    /// The Envoy cluster the router sends this attempt to.
+    pub cluster: String,
+    /// Headers this attempt sets (pseudo-headers, content type and length,
+    /// the provider's credential).
+    pub set: Vec<Header>,
+    pub body: Vec<u8>,
+}
+
+/// The edits one attempt applies to the (shared) request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edits {
+    /// Applied first.
+    pub remove: Vec<String>,
+    /// Applied after `remove`; each replaces any existing value.
+    pub set: Vec<Header>,
+    pub body: Vec<u8>,
+}
+
+/// A request's prepared attempts and the outcome of each one started.
+#[derive(Debug, Default)]
+pub struct Attempts {
+    prepared: Vec<Prepared>,
+    /// Removed before each attempt's own headers are set: what any attempt
+    /// sets, and the headers the client's key came in.
+    cleared: Vec<String>,
+    /// Per started attempt, in order: the provider and its outcome (the
+    /// status, or `error` until a response arrives: connect failures, resets
+    /// and timeouts never reach the upstream filter's response callback).
+    outcomes: Vec<(usize, String)>,
+    /// The router's number of each entry of `outcomes`.
+    started: Vec<usize>,
+}
+
+impl Attempts {
+    /// `client_headers`: request headers to clear before any attempt
+    /// (the client's key, hop-by-hop headers).
+    pub fn new(prepared: Vec<Prepared>, client_headers: &[String]) -> Attempts {
+        let mut cleared: Vec<String> = Vec::new();
+        let names = client_headers
+            .iter()
+            .map(String::as_str)
+            .chain(prepared.iter().flat_map(|p| p.set.iter().map(|(k, _)| k.as_str())));
+        for name in names {
+            if !name.starts_with(':') && !cleared.iter().any(|c| c == name) {
+                cleared.push(name.to_string());
+            }
+        }
+        Attempts {
+            prepared,
+            cleared,
+            outcomes: Vec::new(),
+            started: Vec::new(),
+        }
+    }
+
+    /// The clusters of the attempts, in order: slot `n` (1-based) is attempt `n`.
+    pub fn clusters(&self) -> impl Iterator<Item = &str> {
+        self.prepared.iter().map(|p| p.cluster.as_str())
+    }
+
+    pub fn len(&self) -> usize {
+        self.prepared.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.prepared.is_empty()
+    }
+
+    /// The cluster attempt `n` (1-based) must run in.
+    pub fn cluster(&self, n: usize) -> Option<&str> {
+        self.prepared.get(n.checked_sub(1)?).map(|p| p.cluster.as_str())
+    }
+
+    /// The provider of attempt `n` (1-based).
+    pub fn provider(&self, n: usize) -> Option<usize> {
+        self.prepared.get(n.checked_sub(1)?).map(|p| p.provider)
+    }
+
+    /// Router attempt `n` (1-based, Envoy's `x-envoy-attempt-count`) starts:
+    /// its edits, and it counts as failed until [`Attempts::on_response`].
+    /// `None` when the router makes more attempts than were prepared.
+    pub fn start(&mut self, n: usize) -> Option<Edits> {
+        let prepared = self.prepared.get(n.checked_sub(1)?)?;
+        let remove = self
+            .cleared
+            .iter()
+            .filter(|c| !prepared.set.iter().any(|(k, _)| k == *c))
+            .cloned()
+            .collect();
+        let edits = Edits {
+            remove,
+            set: prepared.set.clone(),
+            body: prepared.body.clone(),
+        };
+        if !self.started.contains(&n) {
+            self.started.push(n);
+            self.outcomes.push((prepared.provider, "error".to_string()));
+        }
+        Some(edits)
+    }
+
+    /// Attempt `n` got response headers with `status`.
+    pub fn on_response(&mut self, n: usize, status: u16) {
+        let at = self.started.iter().position(|s| *s == n);
+        if let Some(outcome) = at.and_then(|i| self.outcomes.get_mut(i)) {
+            outcome.1 = status.to_string();
+        }
+    }
+
+    /// Every attempt started so far: provider and outcome, in order.
+    pub fn outcomes(&self) -> &[(usize, String)] {
+        &self.outcomes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prepared(provider: usize, cluster: &str, credential: (&str, &str)) -> Prepared {
+        Prepared {
+            provider,
+            cluster: cluster.into(),
+            set: vec![
+                (":path".into(), format!("/p{provider}")),
+                (credential.0.into(), credential.1.into()),
+            ],
+            body: format!("body {provider}").into_bytes(),
+        }
+    }
+
+    #[test]
+    fn each_attempt_clears_what_the_others_set_and_sets_its_own() {
+        let mut a = Attempts::new(
+            vec![
+                prepared(0, "openai", ("authorization", "Bearer sk")),
+                prepared(1, "anthropic", ("x-api-key", "ak")),
+            ],
+            &["authorization".into(), "api-key".into()],
+        );
+        assert_eq!(a.clusters().collect::<Vec<_>>(), ["openai", "anthropic"]);
+        let first = a.start(1).unwrap();
+        assert_eq!(first.remove, ["api-key", "x-api-key"]);
+        assert_eq!(first.set[1], ("authorization".into(), "Bearer sk".into()));
+        assert_eq!(first.body, b"body 0");
+        let second = a.start(2).unwrap();
+        assert_eq!(second.remove, ["authorization", "api-key"]);
+        assert_eq!(second.set[1], ("x-api-key".into(), "ak".into()));
+        assert!(a.start(3).is_none(), "no third attempt was prepared");
+        assert!(a.start(0).is_none());
+    }
+
+    #[test]
+    fn outcomes_are_errors_until_a_response_arrives() {
+        let mut a = Attempts::new(
+            vec![
+                prepared(0, "a", ("authorization", "x")),
+                prepared(1, "b", ("authorization", "y")),
+                prepared(2, "c", ("authorization", "z")),
+            ],
+            &[],
+        );
+        a.start(1);
+        a.on_response(1, 503);
+        a.start(2);
+        a.start(3);
+        a.on_response(3, 200);
+        let outcomes: Vec<(usize, &str)> = a.outcomes().iter().map(|(p, o)| (*p, o.as_str())).collect();
+        assert_eq!(outcomes, [(0, "503"), (1, "error"), (2, "200")]);
+        assert_eq!(a.provider(2), Some(1));
+        assert_eq!(a.provider(4), None);
+    }
+}

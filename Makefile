@@ -16,6 +16,10 @@ WAYGATE_ENVOY_VERSION ?= 1.40.0
 ENVOY_VENV := target/envoy-$(WAYGATE_ENVOY_VERSION)
 ENVOY := $(ENVOY_VENV)/bin/envoy
 export WAYGATE_ENVOY := $(CURDIR)/$(ENVOY)
+# The tested versions that can retry across clusters (refresh_cluster_on_retry, Envoy >= 1.39):
+# router fallback, envoy/local-router.yaml.
+ROUTER_FALLBACK_VERSIONS := 1.40.0
+ROUTER_FALLBACK := $(filter $(WAYGATE_ENVOY_VERSION),$(ROUTER_FALLBACK_VERSIONS))
 
 .PHONY: all toolchain build wasm wasm-opt fakes envoy run test test-integration lint check-configs bench clean fuzz soak
 
@@ -62,18 +66,20 @@ $(ENVOY_VENV)/.installed:
 	$(ENVOY) --version
 	touch $@
 
-# The gateway in Envoy on $(LISTEN) (envoy/local.yaml) with the fake providers on $(FAKES);
-# no API keys needed. Access log lines show within 1 s (Envoy's default is 10 s; Istio uses
-# 1 s). Ctrl-C stops both.
+# The gateway in Envoy on $(LISTEN) with the fake providers on $(FAKES); no API keys needed.
+# envoy/local-router.yaml where the Envoy can retry across clusters (a fallback answer
+# streams), else envoy/local.yaml. Access log lines show within 1 s (Envoy's default is
+# 10 s; Istio uses 1 s). Ctrl-C stops both.
+RUN_CONFIG := $(if $(ROUTER_FALLBACK),envoy/local-router.yaml,envoy/local.yaml)
 run: build envoy
 	@echo ""
-	@echo "waygate in Envoy $(WAYGATE_ENVOY_VERSION) on http://$(LISTEN)/api/v1 (dev key: wg-dev-key). Try:"
+	@echo "waygate in Envoy $(WAYGATE_ENVOY_VERSION) ($(RUN_CONFIG)) on http://$(LISTEN)/api/v1 (dev key: wg-dev-key). Try:"
 	@echo "  curl -s http://$(LISTEN)/api/v1/chat/completions -H 'authorization: Bearer wg-dev-key' \\"
 	@echo "       -H 'content-type: application/json' -d '{\"model\":\"fake/ok\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
 	@echo ""
 	@$(FAKES_BIN) --listen $(FAKES) & fakes=$$!; \
 	  trap 'kill $$fakes 2>/dev/null' EXIT INT TERM; \
-	  $(ENVOY) -c envoy/local.yaml --disable-hot-restart --log-level info --file-flush-interval-msec 1000
+	  $(ENVOY) -c $(RUN_CONFIG) --disable-hot-restart --log-level info --file-flush-interval-msec 1000
 
 # The official OpenAI Python client, pinned, for the client-level tests.
 PYENV := target/pyenv
@@ -83,10 +89,8 @@ $(PYENV)/.installed: tests/clients/requirements.txt
 	touch $@
 
 # Unit tests, the fakes' tests, and every integration test (tests/) through real Envoy; on
-# an Envoy with per-retry cluster choice (>= 1.39) the integration tests run a second time
-# with router fallback (WAYGATE_TEST_FALLBACK=router, README "Routing and fallback").
-ROUTER_FALLBACK_VERSIONS := 1.40.0
-ROUTER_FALLBACK := $(filter $(WAYGATE_ENVOY_VERSION),$(ROUTER_FALLBACK_VERSIONS))
+# an Envoy with per-retry cluster choice the integration tests run a second time on
+# envoy/local-router.yaml (WAYGATE_TEST_FALLBACK=router, README "Routing and fallback").
 test: build envoy $(PYENV)/.installed
 	$(CARGO) test --release --workspace
 	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release -p waygate --test '*')

@@ -259,6 +259,7 @@ PLUGIN_FIELDS = {
     "cluster_header": str,
     "max_request_bytes": "count",
     "max_provider_tries": "count",
+    "fallback": str,
     "keys": list,
     "providers": list,
     "models": list,
@@ -306,7 +307,7 @@ def _typed_fields(obj: Any, fields: dict, required: tuple, where: str, problems:
 class Route:
     """A route as the plugin configuration needs it, from Envoy or from an Istio VirtualService."""
 
-    def __init__(self, header_matches: dict, target: str | None, removes: set, timeout: str | None, prefix: str | None, direct_status: int | None, generic_cluster_header: bool, direct_body: str | None = None):
+    def __init__(self, header_matches: dict, target: str | None, removes: set, timeout: str | None, prefix: str | None, direct_status: int | None, generic_cluster_header: bool, direct_body: str | None = None, present: set | None = None, slot_clusters: list | None = None, retry: dict | None = None):
         self.header_matches = header_matches  # header name (lower case) -> exact value
         self.target = target  # cluster / destination host, None for a direct response
         self.removes = removes  # request headers removed (lower case)
@@ -315,13 +316,17 @@ class Route:
         self.direct_status = direct_status
         self.generic_cluster_header = generic_cluster_header
         self.direct_body = direct_body
+        self.present = present or set()  # headers matched on presence (lower case)
+        self.slot_clusters = slot_clusters or []  # router fallback: the clusters each slot map names
+        self.retry = retry  # the route's retry_policy, as written
 
 
 class Surroundings:
     """What the plugin configuration is wired into."""
 
-    def __init__(self, routes: list[Route], targets: set[str], buffer_limit: int | None, env_keys: set[str], target_of: Callable[[dict], str], unset_timeout_is_none: bool = False):
+    def __init__(self, routes: list[Route], targets: set[str], buffer_limit: int | None, env_keys: set[str], target_of: Callable[[dict], str], unset_timeout_is_none: bool = False, upstream_role: set | None = None):
         self.routes = routes
+        self.upstream_role = upstream_role or set()  # clusters running the filter's upstream role
         self.targets = targets  # clusters (Envoy) or ServiceEntry hosts (Istio)
         self.buffer_limit = buffer_limit
         self.env_keys = env_keys
@@ -380,7 +385,12 @@ def check_plugin_config(text: str, where: str, around: Surroundings, problems: P
     for route in around.routes:
         if route.generic_cluster_header:
             problems.add(where, "a route takes its cluster from a request header: a bypassed filter would let clients pick any cluster")
-    for provider in providers.values():
+    fallback = config.get("fallback", "http_call")
+    if fallback not in FALLBACKS:
+        problems.add(f"{where}.fallback", f"must be one of {', '.join(FALLBACKS)}")
+    if fallback == "router":
+        check_router_fallback(providers, where, around, problems)
+    for provider in providers.values() if fallback != "router" else []:
         cluster = provider.get("cluster")
         if not isinstance(cluster, str):
             continue
@@ -410,6 +420,91 @@ def check_plugin_config(text: str, where: str, around: Surroundings, problems: P
         effective = ENVOY_DEFAULT_BUFFER_LIMIT if limit is None else limit
         if effective < max_bytes:
             problems.add(where, f"per_connection_buffer_limit_bytes ({effective}) is below max_request_bytes ({int(max_bytes)})")
+
+
+FALLBACKS = ("http_call", "router")
+ROUTED_HEADER = "x-waygate-routed"
+RETRIED_STATUSES = {401, 403, 404, 408, 409, 429}
+
+
+def check_router_fallback(providers: dict, where: str, around: Surroundings, problems: Problems) -> None:
+    """`"fallback": "router"` (README "Routing and fallback"): one route for the requests the
+    filter marks, choosing each attempt's cluster from the filter's slots and retrying on the
+    contract's failures, and the filter's upstream role on every provider cluster."""
+    routed = [r for r in around.routes if ROUTED_HEADER in r.present]
+    if not routed:
+        problems.add(where, f"fallback `router`: no route matches the `{ROUTED_HEADER}` header")
+    clusters = sorted({p.get("cluster") for p in providers.values() if isinstance(p.get("cluster"), str)})
+    for route in routed:
+        rw = f"{where}: the `{ROUTED_HEADER}` route"
+        if ROUTED_HEADER not in route.removes:
+            problems.add(rw, f"does not remove `{ROUTED_HEADER}` before the request goes upstream")
+        if route.timeout != "0s":
+            problems.add(rw, f"has timeout {route.timeout or 'unset (15s)'}: streams need `0s`")
+        if not route.slot_clusters:
+            problems.add(rw, "does not pick its cluster with the matcher cluster specifier")
+        for i, slot in enumerate(route.slot_clusters):
+            for cluster in clusters:
+                if cluster not in slot:
+                    problems.add(rw, f"its cluster matcher's map {i} has no entry for provider cluster `{cluster}`")
+        retry = route.retry or {}
+        if retry.get("refresh_cluster_on_retry") is not True:
+            problems.add(rw, "needs retry_policy.refresh_cluster_on_retry: true (Envoy >= 1.39)")
+        retry_on = {c.strip() for c in str(retry.get("retry_on", "")).split(",")}
+        if "5xx" not in retry_on or "retriable-status-codes" not in retry_on:
+            problems.add(rw, "retry_policy.retry_on must include `5xx` and `retriable-status-codes`")
+        missing = RETRIED_STATUSES - set(retry.get("retriable_status_codes", []))
+        if missing:
+            problems.add(rw, f"retry_policy.retriable_status_codes lacks {sorted(missing)}")
+    for cluster in clusters:
+        if cluster not in around.upstream_role:
+            problems.add(where, f"fallback `router`: cluster `{cluster}` does not run the filter's upstream role (http_filters with configuration {{\"role\": \"upstream\"}})")
+
+
+def _cluster_maps(node: Any) -> list[set]:
+    """The cluster names of every `exact_match_map` in a matcher cluster specifier."""
+    found = []
+    if isinstance(node, dict):
+        table = node.get("map")
+        actions = [v["action"] for v in table.values() if isinstance(v, dict) and "action" in v] if isinstance(table, dict) else []
+        if actions:
+            found.append({a.get("typed_config", {}).get("cluster") for a in actions})
+        for value in node.values():
+            found.extend(_cluster_maps(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_cluster_maps(value))
+    return found
+
+
+def _upstream_role_clusters(clusters: dict) -> set:
+    """Clusters whose upstream HTTP filters include the wasm filter's upstream role."""
+    names = set()
+    for name, cluster in clusters.items():
+        options = cluster.get("typed_extension_protocol_options", {}).get("envoy.extensions.upstreams.http.v3.HttpProtocolOptions", {})
+        for flt in options.get("http_filters", []):
+            config = flt.get("typed_config", {}).get("config", {})
+            value = config.get("configuration", {}).get("value")
+            try:
+                if json.loads(value or "null") == {"role": "upstream"}:
+                    names.add(name)
+            except json.JSONDecodeError:
+                pass
+    return names
+
+
+def _without_newer_fields(node: Any) -> Any:
+    """A copy without the fields Envoy has that the pinned xds-protos predates
+    (`retry_policy.refresh_cluster_on_retry`, Envoy 1.39): the router-fallback
+    bootstrap is run by the tests in Envoy 1.40 itself."""
+    if isinstance(node, dict):
+        return {k: _without_newer_fields(v) for k, v in node.items() if k not in NEWER_THAN_XDS_PROTOS}
+    if isinstance(node, list):
+        return [_without_newer_fields(v) for v in node]
+    return node
+
+
+NEWER_THAN_XDS_PROTOS = {"refresh_cluster_on_retry"}
 
 
 def _is_json(text: str | None) -> bool:
@@ -442,10 +537,13 @@ def _envoy_routes(route_config: dict) -> list[Route]:
         for r in vh.get("routes", []):
             match = r.get("match", {})
             headers = {}
+            present = set()
             for h in match.get("headers", []):
                 exact = h.get("string_match", {}).get("exact")
                 if exact is not None:
                     headers[h.get("name", "").lower()] = exact
+                if h.get("present_match") is True:
+                    present.add(h.get("name", "").lower())
             action = r.get("route")
             direct = r.get("direct_response")
             routes.append(
@@ -458,6 +556,9 @@ def _envoy_routes(route_config: dict) -> list[Route]:
                     direct_status=direct.get("status") if direct else None,
                     generic_cluster_header=bool(action and "cluster_header" in action),
                     direct_body=direct.get("body", {}).get("inline_string") if direct else None,
+                    present=present,
+                    slot_clusters=_cluster_maps(action.get("inline_cluster_specifier_plugin")) if action else [],
+                    retry=action.get("retry_policy") if action else None,
                 )
             )
     return routes
@@ -479,7 +580,7 @@ def check_bootstrap(path: Path, root: Path, problems: Problems) -> BootstrapInfo
     except yaml.YAMLError as e:
         problems.add(where, f"not YAML: {e}")
         return None
-    if parse_envoy(doc, BOOTSTRAP, where, problems) is None:
+    if parse_envoy(_without_newer_fields(doc), BOOTSTRAP, where, problems) is None:
         return None
     info = BootstrapInfo()
     static = doc.get("static_resources", {})
@@ -524,6 +625,7 @@ def check_bootstrap(path: Path, root: Path, problems: Problems) -> BootstrapInfo
                         buffer_limit=listener.get("per_connection_buffer_limit_bytes"),
                         env_keys=set(env.get("host_env_keys", [])) | set(env.get("key_values", {})),
                         target_of=lambda provider: provider.get("cluster"),
+                        upstream_role=_upstream_role_clusters(info.clusters),
                     )
                     check_wasm_plugin(plugin, fw, around, problems)
     if wasm_filters == 0:

@@ -88,6 +88,27 @@ class CheckConfigsFails(unittest.TestCase):
         self.mutate("envoy/local.yaml", "stat_prefix:", "stats_prefix:")
         self.assert_fails("envoy/local.yaml", "stats_prefix")
 
+    # ---- router fallback (envoy/local-router.yaml) ------------------------------------
+    def test_router_fallback_without_cluster_refresh(self) -> None:
+        self.mutate("envoy/local-router.yaml", "refresh_cluster_on_retry: true", "refresh_cluster_on_retry: false")
+        self.assert_fails("envoy/local-router.yaml", "refresh_cluster_on_retry: true")
+
+    def test_router_fallback_slot_without_a_provider_cluster(self) -> None:
+        self.mutate("envoy/local-router.yaml", "cluster: gemini}}}}}", "cluster: openai}}}}}")
+        self.assert_fails("envoy/local-router.yaml", "no entry for provider cluster `gemini`")
+
+    def test_router_fallback_cluster_without_the_upstream_role(self) -> None:
+        self.mutate("envoy/local-router.yaml", "value: '{\"role\": \"upstream\"}'", "value: '{\"role\": \"downstream\"}'")
+        self.assert_fails("envoy/local-router.yaml", "does not run the filter's upstream role")
+
+    def test_router_fallback_not_retrying_a_contract_failure(self) -> None:
+        self.mutate("envoy/local-router.yaml", "retriable_status_codes: [401, 403, 404, 408, 409, 429]", "retriable_status_codes: [429]")
+        self.assert_fails("envoy/local-router.yaml", "lacks [401, 403, 404, 408, 409]")
+
+    def test_unknown_fallback(self) -> None:
+        self.mutate("envoy/local-router.yaml", '   "fallback": "router",', '   "fallback": "retry",')
+        self.assert_fails("envoy/local-router.yaml", "fallback: must be one of http_call, router")
+
     # ---- the plugin configuration embedded in the bootstrap ---------------------------
     def test_misspelled_plugin_config_field(self) -> None:
         self.mutate("envoy/envoy.yaml", '"max_request_bytes": 4194304', '"max_request_byte": 4194304')

@@ -109,11 +109,28 @@ pub fn sha256_hex(s: &str) -> String {
         .collect()
 }
 
-/// `envoy/local.yaml` with ephemeral ports, the fake cluster pointed at
-/// `fake`, the `ghost` cluster added on a closed port, and `plugin` as the
-/// filter's configuration.
+/// The shipped bootstrap the run tests: `envoy/local-router.yaml` with router
+/// fallback ([`router_fallback`]), else `envoy/local.yaml`; with ephemeral
+/// ports, the fake cluster pointed at `fake`, a `closed` and a `slammer`
+/// cluster added, and `plugin` as the filter's configuration.
 pub fn bootstrap(fake: SocketAddr, plugin: &Value) -> String {
-    let text = std::fs::read_to_string(root().join("envoy/local.yaml")).unwrap();
+    if router_fallback() {
+        router_bootstrap(fake, plugin)
+    } else {
+        shipped_bootstrap("envoy/local.yaml", fake, plugin)
+    }
+}
+
+/// [`bootstrap`] from `envoy/local-router.yaml`, whatever the run, with
+/// `"fallback": "router"` in `plugin` (Envoy >= 1.39).
+pub fn router_bootstrap(fake: SocketAddr, plugin: &Value) -> String {
+    let mut plugin = plugin.clone();
+    plugin["fallback"] = "router".into();
+    shipped_bootstrap("envoy/local-router.yaml", fake, &plugin)
+}
+
+fn shipped_bootstrap(file: &str, fake: SocketAddr, plugin: &Value) -> String {
+    let text = std::fs::read_to_string(root().join(file)).unwrap();
     let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
     doc["admin"]["address"]["socket_address"]["port_value"] = 0.into();
     let listener = &mut doc["static_resources"]["listeners"][0];
@@ -121,44 +138,89 @@ pub fn bootstrap(fake: SocketAddr, plugin: &Value) -> String {
     let wasm =
         &mut listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]["typed_config"]["config"];
     wasm["configuration"]["value"] = serde_json::to_string(plugin).unwrap().into();
-    wasm["vm_config"]["code"]["local"]["filename"] = wasm_path().to_string_lossy().to_string().into();
-    // A `closed` cluster on a port nobody listens on, and a `slammer` cluster
-    // whose server accepts and closes at once (a reset before any response),
-    // routed like the others.
-    let routes =
-        listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
-            .as_sequence_mut()
-            .unwrap();
-    let fake_route = routes.iter().find(|r| r["name"] == "fake").unwrap().clone();
-    for name in ["closed", "slammer"] {
-        let mut route = fake_route.clone();
-        route["name"] = name.into();
-        route["match"]["headers"][0]["string_match"]["exact"] = name.into();
-        route["route"]["cluster"] = name.into();
-        routes.insert(0, route);
-    }
-    let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
-    let fake_cluster = clusters.iter().find(|c| c["name"] == "fake").unwrap().clone();
-    for (name, port) in [("closed", closed_port()), ("slammer", door_slammer_port())] {
-        let mut cluster = fake_cluster.clone();
-        cluster["name"] = name.into();
-        cluster["load_assignment"]["cluster_name"] = name.into();
-        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
-            port.into();
-        clusters.push(cluster);
-    }
-    for cluster in clusters.iter_mut() {
+    let wasm_file: serde_yaml::Value = wasm_path().to_string_lossy().to_string().into();
+    wasm["vm_config"]["code"]["local"]["filename"] = wasm_file.clone();
+    for cluster in doc["static_resources"]["clusters"].as_sequence_mut().unwrap() {
+        let upstream_filters = cluster
+            .get_mut("typed_extension_protocol_options")
+            .and_then(|o| o.get_mut("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"))
+            .and_then(|o| o.get_mut("http_filters"))
+            .and_then(serde_yaml::Value::as_sequence_mut);
+        for filter in upstream_filters.into_iter().flatten() {
+            if !filter["typed_config"]["config"]["vm_config"].is_null() {
+                filter["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = wasm_file.clone();
+            }
+        }
         if cluster["name"] == "fake" {
             let sa = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
             sa["port_value"] = fake.port().into();
         }
     }
+    // A `closed` cluster on a port nobody listens on, and a `slammer` cluster
+    // whose server accepts and closes at once (a reset before any response).
+    add_cluster_like_fake(&mut doc, "closed", closed_port());
+    add_cluster_like_fake(&mut doc, "slammer", door_slammer_port());
     serde_yaml::to_string(&doc).unwrap()
 }
 
+/// Adds cluster `name` on `127.0.0.1:port`, a copy of `fake`, and routes to
+/// it as the bootstrap routes to `fake`: its own `x-waygate-cluster` route, or
+/// an entry in every slot of the router-fallback route's cluster matcher.
+pub fn add_cluster_like_fake(doc: &mut serde_yaml::Value, name: &str, port: u16) {
+    let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
+    let mut cluster = clusters.iter().find(|c| c["name"] == "fake").unwrap().clone();
+    cluster["name"] = name.into();
+    cluster["load_assignment"]["cluster_name"] = name.into();
+    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"] =
+        serde_yaml::from_str(&format!("{{address: 127.0.0.1, port_value: {port}}}")).unwrap();
+    clusters.push(cluster);
+    let routes = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ["route_config"]["virtual_hosts"][0]["routes"]
+        .as_sequence_mut()
+        .unwrap();
+    if let Some(fake_route) = routes.iter().find(|r| r["name"] == "fake").cloned() {
+        let mut route = fake_route;
+        route["name"] = name.into();
+        route["match"]["headers"][0]["string_match"]["exact"] = name.into();
+        route["route"]["cluster"] = name.into();
+        routes.insert(0, route);
+    }
+    // Only `get_mut`: indexing a missing key would insert it.
+    for route in routes.iter_mut() {
+        if let Some(specifier) = route
+            .get_mut("route")
+            .and_then(|r| r.get_mut("inline_cluster_specifier_plugin"))
+        {
+            add_to_cluster_maps(specifier, name);
+        }
+    }
+}
+
+/// Every `exact_match_map` under `matcher` that maps `fake` to its cluster
+/// gets `name` mapped to `name` beside it.
+fn add_to_cluster_maps(matcher: &mut serde_yaml::Value, name: &str) {
+    match matcher {
+        serde_yaml::Value::Mapping(m) => {
+            if let Some(serde_yaml::Value::Mapping(map)) = m.get_mut("map")
+                && let Some(fake) = map.get("fake").cloned()
+            {
+                let mut action = fake;
+                action["action"]["name"] = name.into();
+                action["action"]["typed_config"]["cluster"] = name.into();
+                map.insert(name.into(), action);
+            }
+            for (_, v) in m.iter_mut() {
+                add_to_cluster_maps(v, name);
+            }
+        }
+        serde_yaml::Value::Sequence(items) => items.iter_mut().for_each(|v| add_to_cluster_maps(v, name)),
+        _ => {}
+    }
+}
+
 /// Whether this run tests router fallback: `WAYGATE_TEST_FALLBACK=router`
-/// runs every gateway of the suite in [`router_bootstrap`]'s shape (`make
-/// test` does, on Envoy >= 1.39); unset or `http_call`, in `envoy/local.yaml`'s.
+/// runs every gateway of the suite on `envoy/local-router.yaml` (`make test`
+/// does, on Envoy >= 1.39); unset or `http_call`, on `envoy/local.yaml`.
 pub fn router_fallback() -> bool {
     match std::env::var("WAYGATE_TEST_FALLBACK").as_deref() {
         Ok("router") => {
@@ -171,134 +233,6 @@ pub fn router_fallback() -> bool {
         }
         Ok("http_call") | Err(_) => false,
         Ok(other) => panic!("WAYGATE_TEST_FALLBACK={other}: router or http_call"),
-    }
-}
-
-/// How many slots the router-fallback route reads: the tests' most tries.
-pub const ROUTER_SLOTS: usize = 4;
-
-/// [`bootstrap`] in router-fallback shape (Envoy >= 1.39): the plugin gets
-/// `"fallback": "router"`; a first route, for requests the filter gave slot
-/// headers, picks each attempt's cluster with the matcher cluster specifier
-/// and retries on the contract's failures (`refresh_cluster_on_retry`);
-/// every cluster runs the filter's upstream role before its codec; retries
-/// are not capped by the clusters' circuit breakers. Envoy's attempt count
-/// is the previous attempt's number when the router picks the next cluster,
-/// so count `n` selects slot `n + 1` (no count yet: slot 1).
-pub fn router_bootstrap(fake: SocketAddr, plugin: &Value) -> String {
-    let mut plugin = plugin.clone();
-    plugin["fallback"] = "router".into();
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&bootstrap(fake, &plugin)).unwrap();
-    router_shape(&mut doc);
-    serde_yaml::to_string(&doc).unwrap()
-}
-
-/// Turns a bootstrap from [`bootstrap`] into router-fallback shape (see
-/// [`router_bootstrap`]).
-pub fn router_shape(doc: &mut serde_yaml::Value) {
-    let hcm = &mut doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
-    let vm_config = hcm["http_filters"][0]["typed_config"]["config"]["vm_config"].clone();
-    let clusters: Vec<String> = doc["static_resources"]["clusters"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap().to_string())
-        .collect();
-    let hcm = &mut doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
-    let vhost = &mut hcm["route_config"]["virtual_hosts"][0];
-    vhost["include_request_attempt_count"] = true.into();
-    let slot = |n: usize| -> serde_yaml::Value {
-        let map: serde_yaml::Mapping = clusters
-            .iter()
-            .map(|c| {
-                let action: serde_yaml::Value = serde_yaml::from_str(&format!(
-                    r#"{{action: {{name: "{c}", typed_config: {{"@type": type.googleapis.com/envoy.extensions.router.cluster_specifiers.matcher.v3.ClusterAction, cluster: "{c}"}}}}}}"#
-                ))
-                .unwrap();
-                (serde_yaml::Value::from(c.as_str()), action)
-            })
-            .collect();
-        let mut m: serde_yaml::Value = serde_yaml::from_str(&format!(
-            r#"{{matcher_tree: {{input: {{name: slot, typed_config: {{"@type": type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.FilterStateInput, key: wasm.waygate_slot_{n}}}}}}}}}"#
-        ))
-        .unwrap();
-        m["matcher_tree"]["exact_match_map"]["map"] = serde_yaml::Value::Mapping(map);
-        m
-    };
-    let mut by_attempt = serde_yaml::Mapping::new();
-    for n in 1..ROUTER_SLOTS {
-        let mut entry = serde_yaml::Mapping::new();
-        entry.insert("matcher".into(), slot(n + 1));
-        by_attempt.insert(n.to_string().into(), serde_yaml::Value::Mapping(entry));
-    }
-    let mut route: serde_yaml::Value = serde_yaml::from_str(
-        r#"
-name: routed
-match:
-  prefix: /
-  headers: [{name: x-waygate-routed, present_match: true}]
-request_headers_to_remove: [x-waygate-routed]
-route:
-  timeout: 0s
-  idle_timeout: 300s
-  inline_cluster_specifier_plugin:
-    extension:
-      name: envoy.router.cluster_specifier_plugin.matcher
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.router.cluster_specifiers.matcher.v3.MatcherClusterSpecifier
-        cluster_matcher:
-          matcher_tree:
-            input: {name: attempt, typed_config: {"@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput, header_name: x-envoy-attempt-count}}
-            exact_match_map: {map: {}}
-          on_no_match: {}
-  retry_policy:
-    retry_on: "5xx,reset,connect-failure,retriable-status-codes"
-    retriable_status_codes: [401, 403, 404, 408, 409, 429]
-    retry_back_off: {base_interval: 0.001s, max_interval: 0.002s}
-    refresh_cluster_on_retry: true
-"#,
-    )
-    .unwrap();
-    let matcher =
-        &mut route["route"]["inline_cluster_specifier_plugin"]["extension"]["typed_config"]["cluster_matcher"];
-    matcher["matcher_tree"]["exact_match_map"]["map"] = serde_yaml::Value::Mapping(by_attempt);
-    matcher["on_no_match"]["matcher"] = slot(1);
-    vhost["routes"].as_sequence_mut().unwrap().insert(0, route);
-
-    let mut upstream_filter: serde_yaml::Value = serde_yaml::from_str(
-        r#"
-name: envoy.filters.http.wasm
-typed_config:
-  "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-  config:
-    name: waygate_upstream
-    root_id: waygate
-    failure_policy: FAIL_CLOSED
-    allow_on_headers_stop_iteration: true
-    configuration: {"@type": type.googleapis.com/google.protobuf.StringValue, value: '{"role": "upstream"}'}
-"#,
-    )
-    .unwrap();
-    upstream_filter["typed_config"]["config"]["vm_config"] = vm_config;
-    let codec: serde_yaml::Value = serde_yaml::from_str(
-        r#"{name: envoy.filters.http.upstream_codec, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec}}"#,
-    )
-    .unwrap();
-    for cluster in doc["static_resources"]["clusters"].as_sequence_mut().unwrap() {
-        cluster["circuit_breakers"] = serde_yaml::from_str("{thresholds: [{max_retries: 1000}]}").unwrap();
-        let key = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
-        let options = &mut cluster["typed_extension_protocol_options"][key];
-        if options.is_null() {
-            *options = serde_yaml::from_str(
-                r#"{"@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http_protocol_options: {}}}"#,
-            )
-            .unwrap();
-        }
-        // The router picks SNI before the upstream filter rewrites `:authority`.
-        if let Some(o) = options.as_mapping_mut() {
-            o.remove("upstream_http_protocol_options");
-        }
-        options["http_filters"] = serde_yaml::Value::Sequence(vec![upstream_filter.clone(), codec.clone()]);
     }
 }
 
@@ -355,11 +289,7 @@ impl Gateway {
     /// The gateway with `plugin`, in the fallback shape the run asks for
     /// ([`router_fallback`]).
     pub fn with_config(plugin: &Value) -> Gateway {
-        if router_fallback() {
-            Gateway::with_bootstrap(plugin, router_bootstrap)
-        } else {
-            Gateway::with_bootstrap(plugin, bootstrap)
-        }
+        Gateway::with_bootstrap(plugin, bootstrap)
     }
 
     /// The gateway in router-fallback shape ([`router_bootstrap`]); `None`

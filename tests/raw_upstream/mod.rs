@@ -556,35 +556,8 @@ pub fn plugin_config(first_scenario: &str) -> Value {
 
 /// [`common::bootstrap`] plus the `raw` cluster and its route.
 fn bootstrap(fake: SocketAddr, raw: SocketAddr, plugin: &Value) -> String {
-    let yaml = common::bootstrap(fake, plugin);
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
-    let listener = &mut doc["static_resources"]["listeners"][0];
-    let routes =
-        listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
-            .as_sequence_mut()
-            .unwrap();
-    let mut route = routes.iter().find(|r| r["name"] == "fake").unwrap().clone();
-    route["name"] = "raw".into();
-    route["match"]["headers"][0]["string_match"]["exact"] = "raw".into();
-    route["route"]["cluster"] = "raw".into();
-    routes.insert(0, route);
-    let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
-    let mut cluster = clusters.iter().find(|c| c["name"] == "fake").unwrap().clone();
-    cluster["name"] = "raw".into();
-    cluster["load_assignment"]["cluster_name"] = "raw".into();
-    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
-        raw.port().into();
-    clusters.push(cluster);
-    if common::router_fallback() {
-        let mut plugin_doc = doc;
-        let wasm = &mut plugin_doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-            ["http_filters"][0]["typed_config"]["config"]["configuration"]["value"];
-        let mut plugin: Value = serde_json::from_str(wasm.as_str().unwrap()).unwrap();
-        plugin["fallback"] = "router".into();
-        *wasm = serde_json::to_string(&plugin).unwrap().into();
-        common::router_shape(&mut plugin_doc);
-        return serde_yaml::to_string(&plugin_doc).unwrap();
-    }
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&common::bootstrap(fake, plugin)).unwrap();
+    common::add_cluster_like_fake(&mut doc, "raw", raw.port());
     serde_yaml::to_string(&doc).unwrap()
 }
 

@@ -475,6 +475,52 @@ fn a_client_disconnecting_mid_stream_leaves_the_workers_healthy() {
     c.assert_healthy();
 }
 
+#[test]
+fn a_client_leaving_a_fallback_stream_releases_the_attempt_and_leaves_no_state() {
+    // Only router fallback streams a fallback answer (with http calls the client
+    // would wait for an endless answer to end): `make test` runs this suite in
+    // both shapes.
+    if !common::router_fallback() {
+        eprintln!("skipped: a fallback stream needs WAYGATE_TEST_FALLBACK=router");
+        return;
+    }
+    let mut config = raw_upstream::plugin_config("close-before-headers");
+    config["models"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"id": "chaos/endless-fallback", "endpoints": [
+        {"provider": "fake", "model": "status-503"}, {"provider": "raw", "model": "endless"}]}));
+    let c = Chaos::with_config(&config);
+    let rss = |c: &Chaos| c.gw.envoy.memory_kb().0;
+    let mut samples = Vec::new();
+    for round in 0..40 {
+        let before = access_lines(&c);
+        let mut live = LiveStream::open(c.gw.addr, &json_request(&chat("chaos/endless-fallback", true)));
+        let r = live.read_until(Duration::from_secs(10), |r| events(&r.body).len() >= 20);
+        assert_eq!(r.status, 200, "round {round}: {}", r.text());
+        assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,raw:200"));
+        assert!(content(&events(&r.body)).starts_with("more more"), "{}", r.text());
+        drop(live);
+        assert!(
+            c.raw.wait_idle(Duration::from_secs(10)),
+            "round {round}: the fallback attempt's upstream connection is released"
+        );
+        wait_for(Duration::from_secs(5), "on_log for the abandoned stream", || {
+            access_lines(&c) > before
+        });
+        if round % 10 == 9 {
+            samples.push(rss(&c));
+        }
+    }
+    // The attempts registered for each request went with it: memory flat.
+    let (first, last) = (samples[0], samples[samples.len() - 1]);
+    assert!(
+        last <= first + 4 * 1024,
+        "Envoy's RSS grew from {first} KiB to {last} KiB: {samples:?}"
+    );
+    c.assert_healthy();
+}
+
 // ---- the upstream's side ---------------------------------------------------------------
 
 #[test]

@@ -119,11 +119,11 @@ class CheckConfigsFails(unittest.TestCase):
         self.assert_fails("unknown field `api_key_environment`")
 
     def test_provider_cluster_without_route(self) -> None:
-        self.mutate("envoy/envoy.yaml", "string_match: { exact: anthropic }", "string_match: { exact: anthropics }")
+        self.mutate("envoy/local.yaml", "string_match: { exact: anthropic }", "string_match: { exact: anthropics }")
         self.assert_fails("provider `anthropic`", "no route matches `x-waygate-cluster: anthropic`")
 
     def test_route_keeps_the_cluster_header(self) -> None:
-        self.mutate("envoy/envoy.yaml", "request_headers_to_remove: [x-waygate-cluster]", "request_headers_to_remove: []")
+        self.mutate("envoy/local.yaml", "request_headers_to_remove: [x-waygate-cluster]", "request_headers_to_remove: []")
         self.assert_fails("does not remove `x-waygate-cluster`")
 
     def test_no_json_404_under_base_path(self) -> None:
@@ -135,7 +135,7 @@ class CheckConfigsFails(unittest.TestCase):
         self.assert_fails("below max_request_bytes")
 
     def test_route_with_the_default_timeout(self) -> None:
-        self.mutate("envoy/envoy.yaml", "                  timeout: 0s            # the 15 s default would cut SSE streams\n", "")
+        self.mutate("envoy/local.yaml", "                  timeout: 0s            # the 15 s default would cut SSE streams\n", "")
         self.assert_fails("provider `fake`", "streams need `0s`")
 
     def test_fail_open(self) -> None:

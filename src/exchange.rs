@@ -1284,19 +1284,25 @@ mod tests {
         Rc::new(Config::parse(json.as_bytes(), &|_| None).unwrap())
     }
 
-    /// An exchange whose request went upstream to `model`'s first provider.
-    fn forwarded(model: &str, stream: bool) -> Exchange {
-        let mut ex = Exchange::new(config());
+    /// A chat request's headers with the client's key, plus `extra`, as the shell hands them over.
+    fn request_headers(extra: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
         let auth = format!("Bearer {CLIENT_KEY}");
-        let pairs: Vec<(Vec<u8>, Vec<u8>)> = [
+        [
             (":method", "POST"),
             (":path", "/api/v1/chat/completions"),
             ("authorization", auth.as_str()),
             ("content-type", "application/json"),
         ]
         .iter()
+        .chain(extra)
         .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-        .collect();
+        .collect()
+    }
+
+    /// An exchange whose request went upstream to `model`'s first provider.
+    fn forwarded(model: &str, stream: bool) -> Exchange {
+        let mut ex = Exchange::new(config());
+        let pairs = request_headers(&[]);
         assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
         let body = json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
         let forward = ex
@@ -1395,19 +1401,11 @@ mod tests {
     #[test]
     fn the_clients_key_in_other_headers_is_never_forwarded() {
         let mut ex = Exchange::new(config());
-        let auth = format!("Bearer {CLIENT_KEY}");
-        let pairs: Vec<(Vec<u8>, Vec<u8>)> = [
-            (":method", "POST"),
-            (":path", "/api/v1/chat/completions"),
-            ("authorization", auth.as_str()),
-            ("content-type", "application/json"),
+        let pairs = request_headers(&[
             ("x-api-key", CLIENT_KEY),
             ("api-key", CLIENT_KEY),
             ("x-other", "harmless"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-        .collect();
+        ]);
         assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
         let body = json!({"model": "an/x", "messages": [{"role": "user", "content": "hi"}]});
         let forward = ex
@@ -1431,17 +1429,7 @@ mod tests {
         let mut config = (*config()).clone();
         config.fallback = Fallback::Router;
         let mut ex = Exchange::new(Rc::new(config));
-        let auth = format!("Bearer {CLIENT_KEY}");
-        let pairs: Vec<(Vec<u8>, Vec<u8>)> = [
-            (":method", "POST"),
-            (":path", "/api/v1/chat/completions"),
-            ("authorization", auth.as_str()),
-            ("content-type", "application/json"),
-            ("x-api-key", CLIENT_KEY),
-        ]
-        .iter()
-        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-        .collect();
+        let pairs = request_headers(&[("x-api-key", CLIENT_KEY)]);
         assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
         let body = json!({"model": "chain/x", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
         let forward = ex

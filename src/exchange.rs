@@ -74,7 +74,9 @@ pub struct Forward {
     pub remove: Vec<String>,
     /// Applied after `remove`; each replaces any existing value.
     pub set: Vec<Header>,
-    pub body: Vec<u8>,
+    /// The body to send instead of the client's; `None` leaves it as sent
+    /// (router fallback: each attempt replaces it).
+    pub body: Option<Vec<u8>>,
 }
 
 /// What to do at the end of the response headers.
@@ -187,6 +189,20 @@ pub struct Exchange {
 }
 
 const HOP_HEADERS_TO_DROP: [&str; 3] = ["authorization", "accept-encoding", "content-length"];
+
+/// What every translated request sets, first to last: where it goes on the
+/// provider, its body's type and length, then the provider's own headers
+/// (its credential, its API version); and the body.
+fn request_headers(provider: &Provider, upstream: UpstreamRequest) -> (Vec<Header>, Vec<u8>) {
+    let mut set: Vec<Header> = vec![
+        (":path".into(), upstream.path),
+        (":authority".into(), provider.authority.clone()),
+        ("content-type".into(), "application/json".into()),
+        ("content-length".into(), upstream.body.len().to_string()),
+    ];
+    set.extend(upstream.headers);
+    (set, upstream.body)
+}
 
 /// With router fallback, this request header (value `1`) selects the
 /// route that retries across clusters; that route removes it again.
@@ -457,21 +473,15 @@ impl Exchange {
             return Forward {
                 remove: Vec::new(),
                 set: Vec::new(),
-                body: upstream.body,
+                body: Some(upstream.body),
             };
         };
-        let mut set: Vec<Header> = vec![
-            (":path".into(), upstream.path),
-            (":authority".into(), provider.authority.clone()),
-            (cfg.cluster_header.clone(), provider.cluster.clone()),
-            ("content-type".into(), "application/json".into()),
-            ("content-length".into(), upstream.body.len().to_string()),
-            // The provider's time budget for this attempt: the route itself
-            // has no timeout (it would cut long streams), and Envoy's router
-            // honours this header as the attempt's timeout.
-            ("x-envoy-upstream-rq-timeout-ms".into(), provider.timeout_ms.to_string()),
-        ];
-        set.extend(upstream.headers);
+        let (mut set, body) = request_headers(provider, upstream);
+        set.push((cfg.cluster_header.clone(), provider.cluster.clone()));
+        // The provider's time budget for this attempt: the route itself has no
+        // timeout (it would cut long streams), and Envoy's router honours this
+        // header as the attempt's timeout.
+        set.push(("x-envoy-upstream-rq-timeout-ms".into(), provider.timeout_ms.to_string()));
         // Setting a header replaces it: removing one that is set anyway
         // (content-length, and authorization for OpenAI's API) is a wasted host call.
         let mut remove: Vec<String> = Vec::new();
@@ -486,7 +496,7 @@ impl Exchange {
         Forward {
             remove,
             set,
-            body: upstream.body,
+            body: Some(body),
         }
     }
 
@@ -505,18 +515,12 @@ impl Exchange {
             let Some(provider) = cfg.providers.get(index) else {
                 continue;
             };
-            let mut set: Vec<Header> = vec![
-                (":path".into(), upstream.path),
-                (":authority".into(), provider.authority.clone()),
-                ("content-type".into(), "application/json".into()),
-                ("content-length".into(), upstream.body.len().to_string()),
-            ];
-            set.extend(upstream.headers);
+            let (set, body) = request_headers(provider, upstream);
             prepared.push(Prepared {
                 provider: index,
                 cluster: provider.cluster.clone(),
                 set,
-                body: upstream.body,
+                body,
             });
         }
         let Some(first) = prepared.first() else {
@@ -550,11 +554,7 @@ impl Exchange {
         Ok(Forward {
             remove: cleared,
             set,
-            body: self
-                .request
-                .as_ref()
-                .map(|r| r.raw().as_bytes().to_vec())
-                .unwrap_or_default(),
+            body: None,
         })
     }
 
@@ -1438,7 +1438,10 @@ mod tests {
         // The downstream request carries the route marker and the retries, not a translation.
         assert!(forward.set.contains(&(ROUTED_HEADER.into(), "1".into())), "{forward:?}");
         assert!(forward.set.contains(&("x-envoy-max-retries".into(), "1".into())));
-        assert_eq!(forward.body, body.to_string().into_bytes());
+        assert_eq!(
+            forward.body, None,
+            "the client's body stays until each attempt replaces it"
+        );
         for name in ["authorization", "x-api-key"] {
             assert!(forward.remove.iter().any(|r| r == name), "{name}: {forward:?}");
         }

@@ -314,14 +314,13 @@ fn check_forward(f: &Forward, cfg: &Config, seen: &mut Seen) {
         "the client's key is removed"
     );
     check_upstream_headers(&f.set, seen);
-    assert_eq!(
-        header(&f.set, "content-length"),
-        Some(f.body.len().to_string().as_str())
-    );
+    // The fuzzed configurations use http-call fallback: the body is translated.
+    let body = f.body.as_deref().expect("a translated body");
+    assert_eq!(header(&f.set, "content-length"), Some(body.len().to_string().as_str()));
     assert!(header(&f.set, ":path").is_some_and(|p| p.starts_with('/')));
     let cluster = header(&f.set, &cfg.cluster_header).expect("a cluster is chosen");
     assert!(cfg.providers.iter().any(|p| p.cluster == cluster));
-    serde_json::from_slice::<Value>(&f.body).expect("the upstream body is JSON");
+    serde_json::from_slice::<Value>(body).expect("the upstream body is JSON");
 }
 
 fn check_call(c: &Call, cfg: &Config, seen: &mut Seen) {

@@ -64,16 +64,7 @@ impl Attempt {
                 "attempt {n} runs in cluster {got:?}, not the one prepared for it"
             ));
         }
-        let applied = edits
-            .remove
-            .iter()
-            .try_for_each(|h| host::remove_header(Map::Request, h))
-            .and_then(|()| {
-                edits
-                    .set
-                    .iter()
-                    .try_for_each(|(k, v)| host::set_header(Map::Request, k, v))
-            })
+        let applied = host::edit_headers(Map::Request, &edits.remove, &edits.set)
             .and_then(|()| host::set_buffer(Buffer::RequestBody, 0, body_size, &edits.body));
         match applied {
             Ok(()) => Action::Continue,

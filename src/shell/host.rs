@@ -134,6 +134,12 @@ pub fn remove_header(map: Map, name: &str) -> Result<(), Status> {
     check(unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) })
 }
 
+/// Removes `remove`, then sets each of `set`: the order every rewrite is applied in.
+pub fn edit_headers(map: Map, remove: &[String], set: &[(String, String)]) -> Result<(), Status> {
+    remove.iter().try_for_each(|name| remove_header(map, name))?;
+    set.iter().try_for_each(|(name, value)| set_header(map, name, value))
+}
+
 /// Reads `max` bytes of a buffer from `start`. An empty buffer reads as empty.
 pub fn buffer(kind: Buffer, start: usize, max: usize) -> Result<Vec<u8>, Status> {
     let mut data = null_mut();

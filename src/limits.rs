@@ -13,6 +13,10 @@
 //! entry at `on_configure`, before the VM serves; from then on every write is
 //! guarded. The store is a trait so the logic runs natively in tests; the
 //! shell backs it with shared data.
+//!
+//! With `"limits": "global"` none of that runs: Envoy's global rate limit
+//! filter, after this one, asks a rate limit service, and [`envoy_refusal`]
+//! gives its refusals the contract's shape.
 
 use crate::config::Key;
 use crate::errors::{ApiError, ErrorType};
@@ -149,6 +153,38 @@ fn retry_after(now: u64) -> u64 {
     60 - now % 60
 }
 
+/// The contract's answer for a reply made by Envoy's global rate limit
+/// filter, known by its `response.code_details`: `request_rate_limited` (an
+/// over-limit key: 429 `rate_limited`, `retry-after` from the filter's
+/// `x-ratelimit-reset` when it sends one, else the whole window) or
+/// `rate_limiter_error` (the service unreachable with `failure_mode_deny`).
+/// `None` for anything else.
+pub fn envoy_refusal(code_details: &str, reset: Option<&[u8]>) -> Option<ApiError> {
+    match code_details {
+        "request_rate_limited" => {
+            let seconds = reset
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(60, |s| s.clamp(1, 60));
+            let mut e = ApiError::new(
+                429,
+                ErrorType::RateLimit,
+                "rate_limited",
+                "Rate limit reached on this key; retry after the window resets.",
+            );
+            e.retry_after = Some(seconds.to_string());
+            Some(e)
+        }
+        "rate_limiter_error" => Some(ApiError::new(
+            500,
+            ErrorType::Upstream,
+            "rate_limit_unavailable",
+            "The rate limit service could not be reached, and this gateway refuses what it cannot count.",
+        )),
+        _ => None,
+    }
+}
+
 /// Admits one request for `key` at unix time `now`, counting it. A key
 /// without limits is always admitted and counts nothing.
 pub fn admit(store: &mut dyn SharedStore, key: &Key, now: u64) -> Result<Option<Standing>, ApiError> {
@@ -274,6 +310,27 @@ pub(crate) mod tests {
             models: None,
             requests_per_minute: rpm,
             tokens_per_minute: tpm,
+        }
+    }
+
+    #[test]
+    fn envoy_rate_limit_refusals_get_the_contract_shape() {
+        let e = envoy_refusal("request_rate_limited", Some(b"17")).unwrap();
+        assert_eq!((e.status, e.code.as_str(), e.retry_after.as_deref()), (429, "rate_limited", Some("17")));
+        assert_eq!(e.kind, ErrorType::RateLimit);
+        // No header, one that is not a number, or past the window: the window.
+        for reset in [None, Some(&b"soon"[..]), Some(b"3600")] {
+            let e = envoy_refusal("request_rate_limited", reset).unwrap();
+            assert_eq!(e.retry_after.as_deref(), Some("60"), "{reset:?}");
+        }
+        assert_eq!(
+            envoy_refusal("request_rate_limited", Some(b"0")).unwrap().retry_after.as_deref(),
+            Some("1")
+        );
+        let e = envoy_refusal("rate_limiter_error", None).unwrap();
+        assert_eq!((e.status, e.code.as_str()), (500, "rate_limit_unavailable"));
+        for other in ["via_upstream", "upstream_reset_before_response_started{connection_failure}", ""] {
+            assert!(envoy_refusal(other, None).is_none(), "{other}");
         }
     }
 

@@ -704,6 +704,7 @@ proptest! {
             content_type: Some(if u.event_stream { &b"text/event-stream"[..] } else { &b"application/json"[..] }),
             retry_after: Some(b"3"),
             code_details: Some(if u.router_error { "upstream_reset_before_response_started{connection_failure}" } else { "via_upstream" }),
+            ratelimit_reset: None,
         };
         let rewrite = match ex.on_response_headers(&head(&first), false) {
             (ResponseAction::Continue, _) => return Err(TestCaseError::fail("a forwarded answer is ours")),

@@ -26,6 +26,13 @@ enum Response {
     Calling,
 }
 
+/// Filter state `wasm.waygate_key_id`: the client key's id, for Envoy's rate
+/// limit descriptors and access log (README "Limits and stats").
+const KEY_ID_PROPERTY: &str = "waygate_key_id";
+/// Filter state `wasm.waygate_total_tokens`: the answer's prompt plus
+/// completion tokens, what a token budget is charged.
+const TOTAL_TOKENS_PROPERTY: &str = "waygate_total_tokens";
+
 pub struct Stream {
     exchange: Exchange,
     response: Response,
@@ -108,13 +115,22 @@ impl Stream {
         host::now_nanos() / 1_000_000_000
     }
 
-    /// Publishes the answer's usage as filter state for Envoy's access log.
+    /// Publishes the answer's usage as filter state for Envoy's access log
+    /// and its rate limit filter.
     fn publish_usage(&mut self) {
         if self.usage_published {
             return;
         }
-        let Some(usage) = self.exchange.usage() else { return };
         self.usage_published = true;
+        let Some(usage) = self.exchange.usage() else {
+            // An answer without usage (an error, a refusal) spent no tokens: the rate
+            // limit filter's charge at stream end reads 0 rather than nothing (which it
+            // skips with a warning in Envoy's log).
+            if let Err(status) = host::set_property(TOTAL_TOKENS_PROPERTY, b"0") {
+                log::debug!("waygate: total tokens not published (status {})", status.0);
+            }
+            return;
+        };
         let provider = self.exchange.served_by().unwrap_or("-").to_string();
         let published = host::set_property("waygate_prompt_tokens", usage.prompt_tokens.to_string().as_bytes())
             .and_then(|()| {
@@ -123,6 +139,9 @@ impl Stream {
                     usage.completion_tokens.to_string().as_bytes(),
                 )
             })
+            // Before the stream completes: Envoy's rate limit filter charges
+            // it then (hits_addend), before on_log.
+            .and_then(|()| host::set_property(TOTAL_TOKENS_PROPERTY, usage.total().to_string().as_bytes()))
             .and_then(|()| host::set_property("waygate_provider", provider.as_bytes()));
         if let Err(status) = published {
             log::debug!("waygate: usage not published as filter state (status {})", status.0);
@@ -288,6 +307,7 @@ impl Context for Stream {
             content_type: header("content-type"),
             retry_after: header("retry-after"),
             code_details: None,
+            ratelimit_reset: None,
         };
         match self.exchange.on_call_response(&head, &body) {
             CallStep::Dispatch(call) => self.dispatch(call),
@@ -346,6 +366,11 @@ impl HttpContext for Stream {
                 };
                 let applied = body
                     .and_then(|()| host::edit_headers(Map::Request, &forward.remove, &forward.set))
+                    .and_then(|()| match self.exchange.key_id() {
+                        // Before the request goes on: the rate limit filter after us reads it.
+                        Some(id) => host::set_property(KEY_ID_PROPERTY, id.as_bytes()),
+                        None => Ok(()),
+                    })
                     .and_then(|()| match self.exchange.routed_attempts() {
                         Some(attempts) => {
                             let published = attempts.borrow().clusters().enumerate().try_for_each(|(i, c)| {
@@ -391,6 +416,7 @@ impl HttpContext for Stream {
             content_type: header("content-type"),
             retry_after: header("retry-after"),
             code_details: details.as_deref().and_then(|d| std::str::from_utf8(d).ok()),
+            ratelimit_reset: header("x-ratelimit-reset"),
         };
         let (action, rewrite) = self.exchange.on_response_headers(&head, end_of_stream);
         if matches!(action, ResponseAction::Stream { .. } | ResponseAction::Buffer) {
@@ -412,7 +438,11 @@ impl HttpContext for Stream {
             }
             // A headers-only answer has no body to edit: a direct local reply
             // (we are in on_response_headers) replaces it.
-            (ResponseAction::Buffer, Some(rewrite)) => self.reply_with(&rewrite),
+            // (Envoy's rate limit filter's refusals, too: see limits::envoy_refusal.)
+            (ResponseAction::Buffer, Some(rewrite)) => {
+                self.publish_usage();
+                self.reply_with(&rewrite)
+            }
             (ResponseAction::Fallback(call), _) => {
                 // Held, so no byte of the failed answer reaches the client.
                 self.response = Response::Calling;

@@ -139,10 +139,19 @@ pub struct LimitTable {
 }
 
 impl LimitTable {
-    /// Reads and validates the plugin configuration at `path`.
+    /// Reads and validates the plugin configuration at `path`: the JSON itself, or (a
+    /// `.yaml` / `.yml` file) the Envoy bootstrap that carries it inline, so that the
+    /// bootstrap Envoy runs is the one place a key's numbers are written.
     pub fn load(path: &Path) -> Result<LimitTable, Vec<String>> {
-        let json = std::fs::read(path).map_err(|e| vec![format!("{}: {e}", path.display())])?;
-        LimitTable::from_plugin_config(&json)
+        let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{}: {e}", path.display())])?;
+        let is_yaml = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
+        if is_yaml {
+            let json = plugin_config_in_bootstrap(&text).map_err(|e| vec![e])?;
+            return LimitTable::from_plugin_config(json.as_bytes());
+        }
+        LimitTable::from_plugin_config(text.as_bytes())
     }
 
     /// Builds the table from the plugin configuration JSON. Every problem the filter
@@ -219,9 +228,58 @@ impl LimitTable {
     }
 }
 
+/// The waygate filter's configuration in an Envoy bootstrap: the string `configuration`
+/// of the one wasm HTTP filter on a listener (`envoy.filters.http.wasm`, the HCM's
+/// `http_filters`) whose root id is `waygate`. The upstream role on the clusters is not on a
+/// listener, so it is never taken.
+pub fn plugin_config_in_bootstrap(yaml: &str) -> Result<String, String> {
+    const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+    let doc: serde_yaml::Value = serde_yaml::from_str(yaml).map_err(|e| format!("not an Envoy bootstrap: {e}"))?;
+    let listeners = doc
+        .get("static_resources")
+        .and_then(|r| r.get("listeners"))
+        .and_then(serde_yaml::Value::as_sequence)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let found: Vec<&str> = listeners
+        .iter()
+        .filter_map(|l| l.get("filter_chains")?.as_sequence())
+        .flatten()
+        .filter_map(|chain| chain.get("filters")?.as_sequence())
+        .flatten()
+        .filter_map(|f| f.get("typed_config")?.get("http_filters")?.as_sequence())
+        .flatten()
+        .filter_map(|f| f.get("typed_config"))
+        .filter(|t| t.get("@type").and_then(serde_yaml::Value::as_str) == Some(WASM))
+        .filter_map(|t| t.get("config"))
+        .filter(|c| c.get("root_id").and_then(serde_yaml::Value::as_str) == Some("waygate"))
+        .filter_map(|c| c.get("configuration")?.get("value")?.as_str())
+        .collect();
+    match found.as_slice() {
+        [one] => Ok((*one).to_owned()),
+        [] => Err("no waygate filter (a wasm HTTP filter with root_id waygate and a string configuration) on any listener".into()),
+        _ => Err(format!("{} waygate filters on the listeners; expected one", found.len())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bootstrap_envoy_runs_is_a_source_of_the_limits() {
+        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy/envoy.yaml")).unwrap();
+        let json = plugin_config_in_bootstrap(&yaml).unwrap();
+        let config = Config::parse(json.as_bytes(), &|_| None).unwrap();
+        assert!(config.keys.iter().any(|k| k.id == "dev"), "{json}");
+        let table = LimitTable::load(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy/envoy.yaml"))).unwrap();
+        assert_eq!(table.limits().len(), config.keys.iter().map(|k| usize::from(k.requests_per_minute.is_some()) + usize::from(k.tokens_per_minute.is_some())).sum::<usize>());
+        assert!(!table.limits().is_empty(), "envoy/envoy.yaml limits its dev key");
+
+        let none = "static_resources: {listeners: []}";
+        assert!(plugin_config_in_bootstrap(none).unwrap_err().contains("no waygate filter"));
+        assert!(plugin_config_in_bootstrap("[").unwrap_err().contains("not an Envoy bootstrap"));
+    }
 
     pub(crate) fn digest(n: u8) -> String {
         format!("{n:02x}").repeat(32)

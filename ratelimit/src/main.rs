@@ -20,7 +20,8 @@ usage:
   waygate-ratelimit serve --listen ADDR --redis URL --plugin-config FILE
       Serves Envoy's rate limit service (envoy.service.ratelimit.v3) on ADDR
       (host:port; port 0 picks one), counting in the Redis at URL
-      (redis://host:port/db), with the limits of waygate's plugin configuration FILE.
+      (redis://host:port/db), with the limits of waygate's plugin configuration FILE:
+      its JSON, or (FILE.yaml) the Envoy bootstrap whose waygate filter carries it.
       Prints `listening on HOST:PORT` once it accepts calls. SIGTERM or Ctrl-C stops it.
   waygate-ratelimit limits --plugin-config FILE --format envoy-ratelimit|limitador
       Prints the same limits as envoyproxy/ratelimit's configuration YAML or as

@@ -8,11 +8,8 @@
 // Test code: a failed unwrap or index is a failed test, which is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -26,135 +23,20 @@ use tonic::transport::Channel;
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
 
-// ---- Redis -------------------------------------------------------------------------
+#[path = "../../tests/common/ratelimit.rs"]
+mod processes;
 
-/// Where `redis-server` is: `WAYGATE_REDIS_SERVER`, else PATH, else Debian's path.
-fn redis_server_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("WAYGATE_REDIS_SERVER") {
-        return PathBuf::from(path);
-    }
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("redis-server"))
-        .find(|p| p.is_file());
-    let binary = on_path.unwrap_or_else(|| PathBuf::from("/usr/bin/redis-server"));
-    assert!(
-        binary.is_file(),
-        "redis-server not found (PATH, /usr/bin): these tests need a real Redis. Install it with \
-         `apt-get install -y redis-server` (Debian/Ubuntu; .ci/run does this), or point \
-         WAYGATE_REDIS_SERVER at a redis-server binary."
-    );
-    binary
+use processes::{Redis, Rls, TempDir};
+
+/// The binary under test.
+fn binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_waygate-ratelimit"))
 }
 
-static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
-
-/// A fresh temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(what: &str) -> TempDir {
-        let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("waygate-ratelimit-{what}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A port free right now (the OS picks it); the caller binds it next.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// One `redis-server` process on 127.0.0.1, no persistence, killed on drop.
-struct Redis {
-    child: Option<Child>,
-    port: u16,
-    dir: TempDir,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let mut redis = Redis {
-            child: None,
-            port: 0,
-            dir: TempDir::new("redis"),
-        };
-        // A port picked a moment ago can be taken in between: try a few.
-        for _ in 0..5 {
-            redis.port = free_port();
-            if redis.spawn() {
-                return redis;
-            }
-        }
-        panic!("redis-server did not start on a free port (see its log above)");
-    }
-
-    /// Starts the server on `self.port`; true once it answers PING.
-    fn spawn(&mut self) -> bool {
-        let child = Command::new(redis_server_binary())
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&self.dir.0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if ping(self.port) {
-                return true;
-            }
-            if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
-                self.child = None;
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.stop();
-        false
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    /// Kills the server (as a crash would).
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// Whether a Redis answers PING on `port` (RESP by hand: no client needed here).
-fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut reply = [0u8; 7];
-    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+async fn client(rls: &Rls) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{}", rls.addr))
+        .await
+        .unwrap()
 }
 
 // ---- the service ---------------------------------------------------------------------
@@ -177,59 +59,6 @@ fn plugin_config(keys: &[(&str, Option<u64>, Option<u64>)]) -> String {
         })
         .collect();
     format!(r#"{{"keys":[{}]}}"#, keys.join(","))
-}
-
-/// One `waygate-ratelimit serve` process, killed on drop.
-struct Rls {
-    child: Child,
-    addr: SocketAddr,
-    _dir: TempDir,
-}
-
-impl Rls {
-    fn start(redis_url: &str, config: &str) -> Rls {
-        let dir = TempDir::new("rls");
-        let config_path = dir.0.join("plugin-config.json");
-        std::fs::write(&config_path, config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_waygate-ratelimit"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--redis",
-                redis_url,
-                "--plugin-config",
-            ])
-            .arg(&config_path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .unwrap();
-        Rls { child, addr, _dir: dir }
-    }
-
-    async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.addr))
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Rls {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn entry(key: &str, value: &str) -> RateLimitDescriptor {
@@ -286,8 +115,8 @@ fn remaining(status: &DescriptorStatus) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_gets_exactly_its_requests_per_minute_then_over_limit() {
     let redis = Redis::start();
-    let rls = Rls::start(&redis.url(), &plugin_config(&[("team-a", Some(5), None)]));
-    let mut client = rls.client().await;
+    let rls = Rls::start(binary(), &redis.url(), &plugin_config(&[("team-a", Some(5), None)]));
+    let mut client = client(&rls).await;
 
     for expected_remaining in (0..5).rev() {
         let r = call(&mut client, one_request("team-a")).await;
@@ -322,9 +151,9 @@ async fn concurrent_requests_are_admitted_exactly_up_to_the_limit() {
         ("together", Some(LIMIT as u64), None),
         ("crowd", Some(LIMIT as u64), None),
     ]);
-    let first = Rls::start(&redis.url(), &config);
-    let second = Rls::start(&redis.url(), &config);
-    let clients = [first.client().await, second.client().await];
+    let first = Rls::start(binary(), &redis.url(), &config);
+    let second = Rls::start(binary(), &redis.url(), &config);
+    let clients = [client(&first).await, client(&second).await];
 
     // Exactly N at once: all pass, the next one does not.
     let answers = futures_join(
@@ -372,9 +201,9 @@ where
 async fn two_replicas_sharing_one_redis_share_one_count() {
     let redis = Redis::start();
     let config = plugin_config(&[("shared", Some(4), None)]);
-    let first = Rls::start(&redis.url(), &config);
-    let second = Rls::start(&redis.url(), &config);
-    let (mut a, mut b) = (first.client().await, second.client().await);
+    let first = Rls::start(binary(), &redis.url(), &config);
+    let second = Rls::start(binary(), &redis.url(), &config);
+    let (mut a, mut b) = (client(&first).await, client(&second).await);
 
     let mut remaining_seen = Vec::new();
     for i in 0..4 {
@@ -391,8 +220,8 @@ async fn two_replicas_sharing_one_redis_share_one_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_budget_is_spent_by_charges_then_refuses() {
     let redis = Redis::start();
-    let rls = Rls::start(&redis.url(), &plugin_config(&[("team-t", Some(100), Some(100))]));
-    let mut client = rls.client().await;
+    let rls = Rls::start(binary(), &redis.url(), &plugin_config(&[("team-t", Some(100), Some(100))]));
+    let mut client = client(&rls).await;
 
     // Request time: the request counts, the budget is only looked at.
     let r = call(&mut client, at_request("team-t")).await;
@@ -426,11 +255,11 @@ async fn a_token_budget_is_spent_by_charges_then_refuses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_has_no_limit_is_always_ok() {
     let redis = Redis::start();
-    let rls = Rls::start(
+    let rls = Rls::start(binary(), 
         &redis.url(),
         &plugin_config(&[("unlimited", None, None), ("tokens-only", None, Some(1))]),
     );
-    let mut client = rls.client().await;
+    let mut client = client(&rls).await;
 
     let requests = [
         // A key without limits.
@@ -495,8 +324,8 @@ async fn what_has_no_limit_is_always_ok() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_going_away_is_a_grpc_unavailable_error_until_it_is_back() {
     let mut redis = Redis::start();
-    let rls = Rls::start(&redis.url(), &plugin_config(&[("team-r", Some(1000), None)]));
-    let mut client = rls.client().await;
+    let rls = Rls::start(binary(), &redis.url(), &plugin_config(&[("team-r", Some(1000), None)]));
+    let mut client = client(&rls).await;
     assert_eq!(call(&mut client, one_request("team-r")).await.overall_code, OK);
 
     redis.stop();
@@ -537,8 +366,8 @@ async fn the_service_starts_before_redis_and_answers_once_it_is_up() {
     // Hold a Redis object without a process: its port is where Redis will appear.
     let mut redis = Redis::start();
     redis.stop();
-    let rls = Rls::start(&redis.url(), &plugin_config(&[("early", Some(2), None)]));
-    let mut client = rls.client().await;
+    let rls = Rls::start(binary(), &redis.url(), &plugin_config(&[("early", Some(2), None)]));
+    let mut client = client(&rls).await;
     let status = client.should_rate_limit(one_request("early")).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
 

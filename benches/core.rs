@@ -94,6 +94,7 @@ fn exchange_once(config: &Rc<Config>, headers: &[(Vec<u8>, Vec<u8>)], body: &[u8
         content_type: Some(b"application/json"),
         retry_after: None,
         code_details: Some("via_upstream"),
+        ratelimit_reset: None,
     };
     let (action, _) = ex.on_response_headers(&head, false);
     assert_eq!(action, ResponseAction::Buffer);

@@ -220,7 +220,9 @@ def validate_rules(msg: Message, where: str, problems: Problems) -> None:
                 if r.min_bytes and len(value.encode()) < r.min_bytes:
                     problems.add(path, f"needs at least {r.min_bytes} byte(s)")
             elif not repeated and which in ("uint32", "uint64", "int32", "int64", "double", "float") and present:
-                _check_scalar(getattr(rules, which), which, value, path, problems)
+                # On a wrapper (google.protobuf.UInt64Value, ...) the rules bound its value.
+                scalar = value.value if is_message else value
+                _check_scalar(getattr(rules, which), which, scalar, path, problems)
             elif not repeated and which == "duration" and present:
                 _check_scalar(rules.duration, "duration", value, path, problems)
         if not is_message:
@@ -260,6 +262,7 @@ PLUGIN_FIELDS = {
     "max_request_bytes": "count",
     "max_provider_tries": "count",
     "fallback": str,
+    "limits": str,
     "keys": list,
     "providers": list,
     "models": list,
@@ -324,8 +327,10 @@ class Route:
 class Surroundings:
     """What the plugin configuration is wired into."""
 
-    def __init__(self, routes: list[Route], targets: set[str], buffer_limit: int | None, env_keys: set[str], target_of: Callable[[dict], str], unset_timeout_is_none: bool = False, upstream_role: set | None = None):
+    def __init__(self, routes: list[Route], targets: set[str], buffer_limit: int | None, env_keys: set[str], target_of: Callable[[dict], str], unset_timeout_is_none: bool = False, upstream_role: set | None = None, later_filters: list | None = None, clusters: set | None = None):
         self.routes = routes
+        self.later_filters = later_filters  # HTTP filters after waygate's (None: not known here)
+        self.clusters = clusters or set()  # every cluster the bootstrap defines
         self.upstream_role = upstream_role or set()  # clusters running the filter's upstream role
         self.targets = targets  # clusters (Envoy) or ServiceEntry hosts (Istio)
         self.buffer_limit = buffer_limit
@@ -390,6 +395,7 @@ def check_plugin_config(text: str, where: str, around: Surroundings, problems: P
         problems.add(f"{where}.fallback", f"must be one of {', '.join(FALLBACKS)}")
     if fallback == "router":
         check_router_fallback(providers, where, around, problems)
+    check_limits(config, where, around, problems)
     for provider in providers.values() if fallback != "router" else []:
         cluster = provider.get("cluster")
         if not isinstance(cluster, str):
@@ -423,6 +429,49 @@ def check_plugin_config(text: str, where: str, around: Surroundings, problems: P
 
 
 FALLBACKS = ("http_call", "router")
+LIMITS = ("local", "global")
+RATE_LIMIT_FILTER = "envoy.extensions.filters.http.ratelimit.v3.RateLimit"
+
+
+def check_limits(config: dict, where: str, around: Surroundings, problems: Problems) -> None:
+    """`"limits": "global"` (README "Limits and stats") needs Envoy's rate limit filter after
+    waygate, in domain `waygate`, with the descriptors the service counts; `local` must not
+    have one (a key would be counted twice)."""
+    limits = config.get("limits", "local")
+    if limits not in LIMITS:
+        problems.add(f"{where}.limits", f"must be one of {', '.join(LIMITS)}")
+        return
+    if around.later_filters is None:
+        return
+    ours = [f.get("typed_config", {}) for f in around.later_filters
+            if f.get("typed_config", {}).get("@type") == TYPE_PREFIX + RATE_LIMIT_FILTER
+            and f.get("typed_config", {}).get("domain") == "waygate"]
+    if limits == "local":
+        if ours:
+            problems.add(where, "limits `local` but a rate limit filter in domain `waygate` follows: keys would be counted twice")
+        return
+    if len(ours) != 1:
+        problems.add(where, "limits `global`: exactly one envoy.filters.http.ratelimit in domain `waygate` must follow the waygate filter")
+        return
+    rl = ours[0]
+    cluster = rl.get("rate_limit_service", {}).get("grpc_service", {}).get("envoy_grpc", {}).get("cluster_name")
+    if cluster not in around.clusters:
+        problems.add(where, f"limits `global`: the rate limit service cluster `{cluster}` is not defined")
+    def reads_key_id(rate_limit: dict, descriptor_key: str) -> bool:
+        return any(
+            a.get("extension", {}).get("typed_config", {}).get("descriptor_key") == descriptor_key
+            and "wasm.waygate_key_id" in a.get("extension", {}).get("typed_config", {}).get("text", "")
+            for a in rate_limit.get("actions", [])
+        )
+
+    rate_limits = rl.get("rate_limits", [])
+    if not any(reads_key_id(r, "waygate_key") and not r.get("apply_on_stream_done") for r in rate_limits):
+        problems.add(where, "limits `global`: no descriptor `waygate_key` from filter state wasm.waygate_key_id")
+    charged = [r for r in rate_limits if r.get("apply_on_stream_done") and reads_key_id(r, "waygate_tokens")
+               and "wasm.waygate_total_tokens" in json.dumps(r.get("hits_addend", {}))]
+    token_limited = any(isinstance(k, dict) and "tokens_per_minute" in k for k in config.get("keys", []) or [])
+    if token_limited and not charged:
+        problems.add(where, "limits `global`: tokens_per_minute needs a descriptor charged on stream done with hits_addend %FILTER_STATE(wasm.waygate_total_tokens:PLAIN)%")
 ROUTED_HEADER = "x-waygate-routed"
 RETRIED_STATUSES = {401, 403, 404, 408, 409, 429}
 
@@ -626,6 +675,8 @@ def check_bootstrap(path: Path, root: Path, problems: Problems) -> BootstrapInfo
                         env_keys=set(env.get("host_env_keys", [])) | set(env.get("key_values", {})),
                         target_of=lambda provider: provider.get("cluster"),
                         upstream_role=_upstream_role_clusters(info.clusters),
+                        later_filters=filters[hi + 1:],
+                        clusters=set(info.clusters),
                     )
                     check_wasm_plugin(plugin, fw, around, problems)
     if wasm_filters == 0:

@@ -110,6 +110,27 @@ class CheckConfigsFails(unittest.TestCase):
         self.assert_fails("envoy/local-router.yaml", "fallback: must be one of http_call, router")
 
     # ---- the plugin configuration embedded in the bootstrap ---------------------------
+    # ---- global limits (envoy/envoy.yaml) ----------------------------------------------
+    def test_global_limits_without_the_rate_limit_filter(self) -> None:
+        self.mutate("envoy/envoy.yaml", "domain: waygate", "domain: elsewhere")
+        self.assert_fails("envoy/envoy.yaml", "exactly one envoy.filters.http.ratelimit in domain `waygate`")
+
+    def test_global_limits_without_the_token_charge(self) -> None:
+        self.mutate("envoy/envoy.yaml", "apply_on_stream_done: true", "apply_on_stream_done: false")
+        self.assert_fails("envoy/envoy.yaml", "tokens_per_minute needs a descriptor charged on stream done")
+
+    def test_global_limits_without_the_key_descriptor(self) -> None:
+        self.mutate("envoy/envoy.yaml", "descriptor_key: waygate_key", "descriptor_key: key")
+        self.assert_fails("envoy/envoy.yaml", "no descriptor `waygate_key`")
+
+    def test_local_limits_counted_twice(self) -> None:
+        self.mutate("envoy/envoy.yaml", '"limits": "global",', '"limits": "local",')
+        self.assert_fails("envoy/envoy.yaml", "keys would be counted twice")
+
+    def test_unknown_limits(self) -> None:
+        self.mutate("envoy/envoy.yaml", '"limits": "global",', '"limits": "redis",')
+        self.assert_fails("envoy/envoy.yaml", "limits: must be one of local, global")
+
     def test_misspelled_plugin_config_field(self) -> None:
         self.mutate("envoy/envoy.yaml", '"max_request_bytes": 4194304', '"max_request_byte": 4194304')
         self.assert_fails("envoy/envoy.yaml", "unknown field `max_request_byte`")

@@ -709,6 +709,7 @@ impl Exchange {
         {
             // Envoy's rate limit filter refused before any provider was tried.
             self.phase = Phase::Done;
+            self.provider = None;
             return (ResponseAction::Buffer, Some(self.rewrite_error(&e, false)));
         }
         let router_error = head.code_details.is_some_and(|d| d != "via_upstream");
@@ -1513,7 +1514,10 @@ mod tests {
     }
 
     fn send(ex: &mut Exchange, store: &mut MemoryStore) -> Result<Forward, Reply> {
-        assert_eq!(ex.on_request_headers(&request_headers(&[]), false).action, HeadersAction::ReadBody);
+        assert_eq!(
+            ex.on_request_headers(&request_headers(&[]), false).action,
+            HeadersAction::ReadBody
+        );
         let body = json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}]});
         ex.on_request_body(body.to_string().as_bytes(), 1_700_000_000, store)
     }
@@ -1534,7 +1538,10 @@ mod tests {
             let mut ex = Exchange::new(Rc::clone(&global));
             let forward = send(&mut ex, &mut store).unwrap();
             assert_eq!(ex.key_id(), Some("dev"));
-            assert!(!forward.set.iter().any(|(k, _)| k.starts_with("x-ratelimit")), "{forward:?}");
+            assert!(
+                !forward.set.iter().any(|(k, _)| k.starts_with("x-ratelimit")),
+                "{forward:?}"
+            );
         }
     }
 
@@ -1552,12 +1559,22 @@ mod tests {
         assert!(matches!(action, ResponseAction::Buffer), "{action:?}");
         let rewrite = rewrite.unwrap();
         assert_eq!(rewrite.status, 429);
-        assert!(rewrite.set.contains(&("retry-after".into(), "42".into())), "{:?}", rewrite.set);
-        assert!(!rewrite.set.iter().any(|(k, _)| k == "x-waygate-attempts"), "no provider was tried");
+        assert!(
+            rewrite.set.contains(&("retry-after".into(), "42".into())),
+            "{:?}",
+            rewrite.set
+        );
+        assert!(
+            !rewrite.set.iter().any(|(k, _)| k == "x-waygate-attempts"),
+            "no provider was tried"
+        );
         let body: Value = serde_json::from_slice(&rewrite.body).unwrap();
         assert_eq!(body["error"]["code"], "rate_limited");
         assert_eq!(body["error"]["type"], "rate_limit_error");
         let line = ex.access_log(5).unwrap();
-        assert!(line.contains("status=429"), "{line}");
+        assert!(
+            line.contains("status=429") && line.contains("provider=- attempts=-"),
+            "{line}"
+        );
     }
 }

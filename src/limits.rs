@@ -316,7 +316,10 @@ pub(crate) mod tests {
     #[test]
     fn envoy_rate_limit_refusals_get_the_contract_shape() {
         let e = envoy_refusal("request_rate_limited", Some(b"17")).unwrap();
-        assert_eq!((e.status, e.code.as_str(), e.retry_after.as_deref()), (429, "rate_limited", Some("17")));
+        assert_eq!(
+            (e.status, e.code.as_str(), e.retry_after.as_deref()),
+            (429, "rate_limited", Some("17"))
+        );
         assert_eq!(e.kind, ErrorType::RateLimit);
         // No header, one that is not a number, or past the window: the window.
         for reset in [None, Some(&b"soon"[..]), Some(b"3600")] {
@@ -324,12 +327,19 @@ pub(crate) mod tests {
             assert_eq!(e.retry_after.as_deref(), Some("60"), "{reset:?}");
         }
         assert_eq!(
-            envoy_refusal("request_rate_limited", Some(b"0")).unwrap().retry_after.as_deref(),
+            envoy_refusal("request_rate_limited", Some(b"0"))
+                .unwrap()
+                .retry_after
+                .as_deref(),
             Some("1")
         );
         let e = envoy_refusal("rate_limiter_error", None).unwrap();
         assert_eq!((e.status, e.code.as_str()), (500, "rate_limit_unavailable"));
-        for other in ["via_upstream", "upstream_reset_before_response_started{connection_failure}", ""] {
+        for other in [
+            "via_upstream",
+            "upstream_reset_before_response_started{connection_failure}",
+            "",
+        ] {
             assert!(envoy_refusal(other, None).is_none(), "{other}");
         }
     }

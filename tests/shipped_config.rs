@@ -1,14 +1,17 @@
 //! What we ship is what we test: `envoy/envoy.yaml` (the bootstrap docker-compose runs,
-//! router fallback: Envoy >= 1.39) runs in the pinned Envoy with only its addresses
-//! changed, and a client gets real answers through it, with the access log line Envoy
-//! prints. A second test pins the other direction: apart from those addresses,
-//! `envoy/envoy.yaml` is exactly `envoy/local-router.yaml`, so the two cannot drift apart.
+//! router fallback: Envoy >= 1.39, keys' limits held by the rate limit service) runs in the
+//! pinned Envoy with only its addresses changed, beside a real rate limit service that reads
+//! its keys from that same file, and a client gets real answers through it, with the
+//! access log line Envoy prints. A second test pins the other direction: apart from those
+//! addresses and the documented global limits, `envoy/envoy.yaml` is exactly
+//! `envoy/local-router.yaml`, so the two cannot drift apart.
 //!
 //! The substitution ([`for_test`]) is the one documented at the top of `envoy/envoy.yaml`,
 //! addresses only:
 //! - admin and the listener bind the given addresses (ephemeral ports here);
 //! - cluster `fake`'s endpoint (STRICT_DNS `fakes:8081` in compose) becomes the given
-//!   address (still STRICT_DNS: an IP address resolves to itself);
+//!   address (still STRICT_DNS: an IP address resolves to itself), and so does cluster
+//!   `ratelimit`'s (`ratelimit:8081`);
 //! - every wasm `vm_config.code.local.filename` (the filter's and its upstream role's)
 //!   becomes the given path.
 //!
@@ -24,6 +27,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::envoy::Envoy;
+use common::ratelimit::{Redis, Rls};
 use common::{DEV_KEY, root, send_raw, wasm_path};
 use serde_json::{Value, json};
 use serde_yaml::Value as Yaml;
@@ -38,6 +42,8 @@ struct Addresses<'a> {
     admin: (&'a str, u16),
     listener: (&'a str, u16),
     fake: (&'a str, u16),
+    /// The rate limit service (cluster `ratelimit`, STRICT_DNS `ratelimit:8081` in compose).
+    ratelimit: (&'a str, u16),
     wasm: &'a str,
 }
 
@@ -96,6 +102,10 @@ fn for_test(mut doc: Yaml, to: &Addresses) -> Yaml {
 
     let mut fakes = 0;
     for cluster in doc["static_resources"]["clusters"].as_sequence_mut().expect("clusters") {
+        if cluster["name"] == "ratelimit" {
+            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"] =
+                socket_address(to.ratelimit.0, to.ratelimit.1);
+        }
         if cluster["name"] == "fake" {
             let endpoints = cluster["load_assignment"]["endpoints"]
                 .as_sequence_mut()
@@ -108,6 +118,44 @@ fn for_test(mut doc: Yaml, to: &Addresses) -> Yaml {
         }
     }
     assert_eq!(fakes, 1, "one `fake` cluster");
+    doc
+}
+
+fn http_filters(doc: &mut Yaml) -> &mut Vec<Yaml> {
+    doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+        .as_sequence_mut()
+        .expect("http_filters")
+}
+
+/// The plugin configuration, parsed and written back in one canonical form, so that two
+/// files compare by content rather than by layout; `edit` changes it first.
+fn canonical_plugin_config(doc: &mut Yaml, edit: impl FnOnce(&mut Value)) {
+    let value = &mut http_filters(doc)[0]["typed_config"]["config"]["configuration"]["value"];
+    let mut config: Value = serde_json::from_str(value.as_str().expect("a string configuration")).unwrap();
+    edit(&mut config);
+    *value = config.to_string().into();
+}
+
+/// envoy/envoy.yaml without its documented global limits: the rate limit HTTP filter, the
+/// `ratelimit` cluster, `"limits": "global"` and the keys' numbers.
+fn without_global_limits(mut doc: Yaml) -> Yaml {
+    let filters = http_filters(&mut doc);
+    let before = filters.len();
+    filters.retain(|f| f["name"] != "envoy.filters.http.ratelimit");
+    assert_eq!(filters.len(), before - 1, "one rate limit filter");
+    let clusters = doc["static_resources"]["clusters"].as_sequence_mut().expect("clusters");
+    let before = clusters.len();
+    clusters.retain(|c| c["name"] != "ratelimit");
+    assert_eq!(clusters.len(), before - 1, "one `ratelimit` cluster");
+    canonical_plugin_config(&mut doc, |config| {
+        let object = config.as_object_mut().unwrap();
+        assert_eq!(object.remove("limits"), Some(json!("global")));
+        for key in object["keys"].as_array_mut().unwrap() {
+            let key = key.as_object_mut().unwrap();
+            key.remove("requests_per_minute");
+            key.remove("tokens_per_minute");
+        }
+    });
     doc
 }
 
@@ -142,7 +190,7 @@ fn differences(path: &str, a: &Yaml, b: &Yaml, out: &mut Vec<String>) {
 }
 
 #[test]
-fn shipped_config_differs_from_local_router_yaml_only_in_addresses() {
+fn shipped_config_differs_from_local_router_yaml_only_in_addresses_and_global_limits() {
     let local = load("envoy/local-router.yaml");
     // envoy/local-router.yaml's own addresses, so the rest must compare equal.
     let admin = &local["admin"]["address"]["socket_address"];
@@ -161,14 +209,17 @@ fn shipped_config_differs_from_local_router_yaml_only_in_addresses() {
         admin: (&admin_host, port(admin)),
         listener: (&listener_host, port(listener)),
         fake: (&fake_host, port(fake)),
+        ratelimit: ("ratelimit", 8081),
         wasm: "target/wasm32-wasip1/wasm/waygate.wasm",
     };
-    let shipped = for_test(load("envoy/envoy.yaml"), &to);
+    let shipped = without_global_limits(for_test(load("envoy/envoy.yaml"), &to));
+    let mut local = local;
+    canonical_plugin_config(&mut local, |_| {});
     let mut out = Vec::new();
     differences("", &shipped, &local, &mut out);
     assert!(
         out.is_empty(),
-        "envoy/envoy.yaml and envoy/local-router.yaml differ beyond the documented addresses:\n  {}",
+        "envoy/envoy.yaml and envoy/local-router.yaml differ beyond the documented addresses and limits:\n  {}",
         out.join("\n  ")
     );
 }
@@ -177,6 +228,7 @@ fn shipped_config_differs_from_local_router_yaml_only_in_addresses() {
 struct Shipped {
     envoy: Envoy,
     _fakes: FakeProviders,
+    _limits: (Redis, Rls),
     addr: SocketAddr,
 }
 
@@ -192,11 +244,16 @@ fn start_shipped() -> Option<Shipped> {
     }
     common::check_wasm_is_fresh();
     let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
+    // The rate limit service as compose runs it: its keys read from envoy/envoy.yaml itself.
+    let redis = Redis::start();
+    let service = root().join("target/release/waygate-ratelimit");
+    let rls = Rls::with_config_file(&service, &redis.url(), &root().join("envoy/envoy.yaml"));
     let wasm = wasm_path().to_string_lossy().into_owned();
     let to = Addresses {
         admin: ("127.0.0.1", 0),
         listener: ("127.0.0.1", 0),
         fake: ("127.0.0.1", fakes.addr().port()),
+        ratelimit: ("127.0.0.1", rls.addr.port()),
         wasm: &wasm,
     };
     let yaml = serde_yaml::to_string(&for_test(load("envoy/envoy.yaml"), &to)).unwrap();
@@ -206,6 +263,7 @@ fn start_shipped() -> Option<Shipped> {
     Some(Shipped {
         envoy,
         _fakes: fakes,
+        _limits: (redis, rls),
         addr,
     })
 }
@@ -252,6 +310,10 @@ fn shipped_config_serves_chat_completions_through_the_fake_provider() {
         &json!({"model": "fake/ok", "messages": [{"role": "user", "content": "hi"}]}),
     );
     assert_eq!(r.status, 200, "body: {}", r.text());
+    // The dev key's limits, as the rate limit service read them from the same file.
+    let limit = r.header("x-ratelimit-limit").unwrap_or_default();
+    assert!(limit.contains(r#"600;w=60;name="waygate_key=dev""#), "{limit}");
+    assert!(limit.contains(r#"1000000;w=60;name="waygate_tokens=dev""#), "{limit}");
     let v = r.json();
     assert_eq!(v["object"], "chat.completion", "{v}");
     assert_eq!(v["model"], "fake/ok", "{v}");

@@ -136,11 +136,14 @@ const UP_CONTENT_TYPES: [Option<&str>; 6] = [
     None,
     Some("TEXT/EVENT-STREAM"),
 ];
-const DETAILS: [Option<&str>; 4] = [
+const DETAILS: [Option<&str>; 6] = [
     Some("via_upstream"),
     None,
     Some("upstream_reset_before_response_started{connection_failure}"),
     Some("response_timeout"),
+    // Envoy's rate limit filter's refusals ("limits": "global").
+    Some("request_rate_limited"),
+    Some("rate_limiter_error"),
 ];
 const MODELS: [&str; 9] = [
     "chain/x",
@@ -465,6 +468,7 @@ fn drive_body(
         content_type: UP_CONTENT_TYPES[usize::from(up.content_type) % UP_CONTENT_TYPES.len()].map(str::as_bytes),
         retry_after,
         code_details: DETAILS[usize::from(up.details) % DETAILS.len()],
+        ratelimit_reset: retry_after,
     };
     let (action, rewrite) = ex.on_response_headers(&head, up.headers_only);
     match action {
@@ -517,6 +521,7 @@ fn drive_body(
                                 .map(str::as_bytes),
                             retry_after: a.retry_after.as_deref(),
                             code_details: None,
+                            ratelimit_reset: None,
                         };
                         ex.on_call_response(&head, &bytes)
                     }

@@ -257,8 +257,14 @@ pub fn plugin_config_in_bootstrap(yaml: &str) -> Result<String, String> {
         .collect();
     match found.as_slice() {
         [one] => Ok((*one).to_owned()),
-        [] => Err("no waygate filter (a wasm HTTP filter with root_id waygate and a string configuration) on any listener".into()),
-        _ => Err(format!("{} waygate filters on the listeners; expected one", found.len())),
+        [] => Err(
+            "no waygate filter (a wasm HTTP filter with root_id waygate and a string configuration) on any listener"
+                .into(),
+        ),
+        _ => Err(format!(
+            "{} waygate filters on the listeners; expected one",
+            found.len()
+        )),
     }
 }
 
@@ -273,12 +279,27 @@ mod tests {
         let config = Config::parse(json.as_bytes(), &|_| None).unwrap();
         assert!(config.keys.iter().any(|k| k.id == "dev"), "{json}");
         let table = LimitTable::load(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy/envoy.yaml"))).unwrap();
-        assert_eq!(table.limits().len(), config.keys.iter().map(|k| usize::from(k.requests_per_minute.is_some()) + usize::from(k.tokens_per_minute.is_some())).sum::<usize>());
+        assert_eq!(
+            table.limits().len(),
+            config
+                .keys
+                .iter()
+                .map(|k| usize::from(k.requests_per_minute.is_some()) + usize::from(k.tokens_per_minute.is_some()))
+                .sum::<usize>()
+        );
         assert!(!table.limits().is_empty(), "envoy/envoy.yaml limits its dev key");
 
         let none = "static_resources: {listeners: []}";
-        assert!(plugin_config_in_bootstrap(none).unwrap_err().contains("no waygate filter"));
-        assert!(plugin_config_in_bootstrap("[").unwrap_err().contains("not an Envoy bootstrap"));
+        assert!(
+            plugin_config_in_bootstrap(none)
+                .unwrap_err()
+                .contains("no waygate filter")
+        );
+        assert!(
+            plugin_config_in_bootstrap("[")
+                .unwrap_err()
+                .contains("not an Envoy bootstrap")
+        );
     }
 
     pub(crate) fn digest(n: u8) -> String {

@@ -220,7 +220,11 @@ async fn two_replicas_sharing_one_redis_share_one_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_budget_is_spent_by_charges_then_refuses() {
     let redis = Redis::start();
-    let rls = Rls::start(binary(), &redis.url(), &plugin_config(&[("team-t", Some(100), Some(100))]));
+    let rls = Rls::start(
+        binary(),
+        &redis.url(),
+        &plugin_config(&[("team-t", Some(100), Some(100))]),
+    );
     let mut client = client(&rls).await;
 
     // Request time: the request counts, the budget is only looked at.
@@ -255,7 +259,8 @@ async fn a_token_budget_is_spent_by_charges_then_refuses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_has_no_limit_is_always_ok() {
     let redis = Redis::start();
-    let rls = Rls::start(binary(), 
+    let rls = Rls::start(
+        binary(),
         &redis.url(),
         &plugin_config(&[("unlimited", None, None), ("tokens-only", None, Some(1))]),
     );

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod ratelimit;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -296,6 +297,18 @@ impl Gateway {
     /// when the Envoy under test predates it (< 1.39).
     pub fn routed(plugin: &Value) -> Option<Gateway> {
         envoy::supports_router_fallback().then(|| Gateway::with_bootstrap(plugin, router_bootstrap))
+    }
+
+    /// The gateway with `plugin` in the run's fallback shape ([`bootstrap`]), the
+    /// bootstrap then changed by `edit`.
+    pub fn with_edit(plugin: &Value, edit: impl FnOnce(&mut serde_yaml::Value)) -> Gateway {
+        check_wasm_is_fresh();
+        let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
+        let mut doc: serde_yaml::Value = serde_yaml::from_str(&bootstrap(fakes.addr(), plugin)).unwrap();
+        edit(&mut doc);
+        let envoy = Envoy::start(&serde_yaml::to_string(&doc).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+        let addr = envoy.listener("waygate");
+        Gateway { envoy, fakes, addr }
     }
 
     fn with_bootstrap(plugin: &Value, make: fn(SocketAddr, &Value) -> String) -> Gateway {

@@ -133,6 +133,33 @@ impl Drop for Redis {
     }
 }
 
+impl Redis {
+    /// The value at `key` (`GET`), `None` when absent: the counters the service keeps.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        stream
+            .write_all(format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).as_bytes())
+            .unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut head = String::new();
+        reader.read_line(&mut head).unwrap();
+        if head.starts_with("$-1") {
+            return None;
+        }
+        let len: usize = head
+            .trim()
+            .strip_prefix('$')
+            .unwrap_or_else(|| panic!("GET {key}: {head:?}"))
+            .parse()
+            .unwrap();
+        let mut value = vec![0u8; len + 2];
+        reader.read_exact(&mut value).unwrap();
+        value.truncate(len);
+        Some(String::from_utf8(value).unwrap())
+    }
+}
+
 /// Whether a Redis answers PING on `port` (RESP by hand: no client needed here).
 pub fn ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
@@ -179,7 +206,7 @@ impl Rls {
                 redis_url,
                 "--plugin-config",
             ])
-            .arg(&config_path)
+            .arg(config_path)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -198,9 +225,16 @@ impl Rls {
     }
 }
 
-impl Drop for Rls {
-    fn drop(&mut self) {
+impl Rls {
+    /// Kills the service (as a crash would).
+    pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Rls {
+    fn drop(&mut self) {
+        self.stop();
     }
 }

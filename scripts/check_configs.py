@@ -1150,6 +1150,7 @@ def check_compose(root: Path, info: BootstrapInfo | None, problems: Problems) ->
             fake_command = " ".join(str(c) for c in (fakes.get("command") or []))
             if f"0.0.0.0:{address.get('port_value')}" not in fake_command:
                 problems.add(f"{where}: services.fakes.command", f"must listen on 0.0.0.0:{address.get('port_value')} (the `fake` cluster's port)")
+        check_compose_rate_limiting(services, info, where, problems)
         published = " ".join(str(p) for p in envoy.get("ports", []))
         for port in info.listener_ports:
             if f":{port}" not in published:
@@ -1158,6 +1159,31 @@ def check_compose(root: Path, info: BootstrapInfo | None, problems: Problems) ->
     dockerfile = root / (build.get("context", ".") if isinstance(build, dict) else build) / (build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile")
     if not dockerfile.exists():
         problems.add(f"{where}: services.fakes.build", f"{dockerfile.relative_to(root)} does not exist")
+
+
+def check_compose_rate_limiting(services: dict, info: BootstrapInfo, where: str, problems: Problems) -> None:
+    """envoy/envoy.yaml's `ratelimit` cluster is the compose service that serves Envoy's rate
+    limit API, on that port, reading its keys from the envoy.yaml the gateways run."""
+    cluster = info.clusters.get("ratelimit")
+    if cluster is None:
+        return
+    address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    service = services.get(address.get("address"))
+    if not isinstance(service, dict):
+        problems.add("envoy/envoy.yaml", f"cluster `ratelimit` points at `{address.get('address')}`, which is not a compose service")
+        return
+    sw = f"{where}: services.{address.get('address')}"
+    command = [str(c) for c in service.get("command") or []]
+    if f"0.0.0.0:{address.get('port_value')}" not in command:
+        problems.add(f"{sw}.command", f"must listen on 0.0.0.0:{address.get('port_value')} (the `ratelimit` cluster's port)")
+    config = command[command.index("--plugin-config") + 1] if "--plugin-config" in command[:-1] else None
+    mounted = {str(v).split(":")[1]: str(v).split(":")[0] for v in service.get("volumes", []) if isinstance(v, str) and ":" in v}
+    if config is None or mounted.get(config) != "./envoy/envoy.yaml":
+        problems.add(f"{sw}.command", "must read its keys (--plugin-config) from the mounted ./envoy/envoy.yaml")
+    redis = next((c for c in command if c.startswith("redis://")), "")
+    redis_host = redis.removeprefix("redis://").split(":")[0].split("/")[0]
+    if redis_host not in services:
+        problems.add(f"{sw}.command", f"its Redis `{redis_host}` is not a compose service")
 
 
 def check_dockerfiles(root: Path, problems: Problems) -> None:

@@ -131,6 +131,10 @@ class CheckConfigsFails(unittest.TestCase):
         self.mutate("envoy/envoy.yaml", '"limits": "global",', '"limits": "redis",')
         self.assert_fails("envoy/envoy.yaml", "limits: must be one of local, global")
 
+    def test_rate_limit_service_not_reading_envoy_yaml(self) -> None:
+        self.mutate("docker-compose.yml", '"--plugin-config", "/etc/envoy/envoy.yaml"]', '"--plugin-config", "/etc/waygate.json"]')
+        self.assert_fails("docker-compose.yml", "must read its keys (--plugin-config) from the mounted ./envoy/envoy.yaml")
+
     def test_misspelled_plugin_config_field(self) -> None:
         self.mutate("envoy/envoy.yaml", '"max_request_bytes": 4194304', '"max_request_byte": 4194304')
         self.assert_fails("envoy/envoy.yaml", "unknown field `max_request_byte`")

@@ -1038,6 +1038,20 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
                 continue
             if apply_to == "LISTENER" and "per_connection_buffer_limit_bytes" in value:
                 buffer_limit = value["per_connection_buffer_limit_bytes"]
+    # HTTP filters patched in after waygate's, and the clusters Istio makes of Services
+    # (`outbound|<port>||<name>.<namespace>.svc.cluster.local`).
+    after_waygate = [
+        patch.get("patch", {}).get("value") or {}
+        for _, ef in by_kind.get("EnvoyFilter", [])
+        for patch in ef["spec"].get("configPatches", [])
+        if patch.get("applyTo") == "HTTP_FILTER" and patch.get("patch", {}).get("operation") == "INSERT_AFTER"
+        and patch.get("match", {}).get("listener", {}).get("filterChain", {}).get("filter", {}).get("subFilter", {}).get("name") == "waygate.waygate"
+    ]
+    service_clusters = {
+        f"outbound|{port.get('port')}||{svc['metadata'].get('name')}.{svc['metadata'].get('namespace', 'default')}.svc.cluster.local"
+        for _, svc in by_kind.get("Service", [])
+        for port in svc.get("spec", {}).get("ports", [])
+    }
     for where, ef in by_kind.get("EnvoyFilter", []):
         for i, patch in enumerate(ef["spec"].get("configPatches", [])):
             value = patch.get("patch", {}).get("value") or {}
@@ -1053,6 +1067,8 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
                     # In the mesh a provider's route goes to its ServiceEntry host, its authority.
                     target_of=lambda provider: provider.get("authority"),
                     unset_timeout_is_none=True,
+                    later_filters=after_waygate,
+                    clusters=service_clusters,
                 )
                 for key in env.get("host_env_keys", []):
                     if key not in proxy_env:

@@ -135,6 +135,14 @@ class CheckConfigsFails(unittest.TestCase):
         self.mutate("docker-compose.yml", '"--plugin-config", "/etc/envoy/envoy.yaml"]', '"--plugin-config", "/etc/waygate.json"]')
         self.assert_fails("docker-compose.yml", "must read its keys (--plugin-config) from the mounted ./envoy/envoy.yaml")
 
+    def test_istio_rate_limit_service_without_its_service(self) -> None:
+        self.mutate("envoy/istio/ratelimit.yaml", "  name: waygate-ratelimit\n  namespace: waygate\nspec:\n  selector", "  name: ratelimit\n  namespace: waygate\nspec:\n  selector")
+        self.assert_fails("envoy/istio/waygate-filter.yaml", "the rate limit service cluster `outbound|8081||waygate-ratelimit.waygate.svc.cluster.local` is not defined")
+
+    def test_istio_global_limits_without_the_rate_limit_filter(self) -> None:
+        self.mutate("envoy/istio/waygate-filter.yaml", "subFilter: { name: waygate.waygate }", "subFilter: { name: envoy.filters.http.router }")
+        self.assert_fails("envoy/istio/waygate-filter.yaml", "exactly one envoy.filters.http.ratelimit in domain `waygate`")
+
     def test_misspelled_plugin_config_field(self) -> None:
         self.mutate("envoy/envoy.yaml", '"max_request_bytes": 4194304', '"max_request_byte": 4194304')
         self.assert_fails("envoy/envoy.yaml", "unknown field `max_request_byte`")

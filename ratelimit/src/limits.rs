@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use serde::Deserialize;
+
 use limitador::limit::{Expression, Limit, Predicate};
 use waygate::config::Config;
 
@@ -228,43 +230,50 @@ impl LimitTable {
     }
 }
 
-/// The waygate filter's configuration in an Envoy bootstrap: the string `configuration`
-/// of the one wasm HTTP filter on a listener (`envoy.filters.http.wasm`, the HCM's
-/// `http_filters`) whose root id is `waygate`. The upstream role on the clusters is not on a
-/// listener, so it is never taken.
+/// The waygate filter's configuration in Envoy YAML: the string `configuration` of the one
+/// wasm HTTP filter config (`envoy.extensions.filters.http.wasm.v3.Wasm`) with root id
+/// `waygate` that is not the upstream role (`{"role": "upstream"}`), wherever it sits: an
+/// Envoy bootstrap's listener, or an Istio `EnvoyFilter`'s patch (the file may hold several
+/// YAML documents).
 pub fn plugin_config_in_bootstrap(yaml: &str) -> Result<String, String> {
-    const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
-    let doc: serde_yaml::Value = serde_yaml::from_str(yaml).map_err(|e| format!("not an Envoy bootstrap: {e}"))?;
-    let listeners = doc
-        .get("static_resources")
-        .and_then(|r| r.get("listeners"))
-        .and_then(serde_yaml::Value::as_sequence)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let found: Vec<&str> = listeners
-        .iter()
-        .filter_map(|l| l.get("filter_chains")?.as_sequence())
-        .flatten()
-        .filter_map(|chain| chain.get("filters")?.as_sequence())
-        .flatten()
-        .filter_map(|f| f.get("typed_config")?.get("http_filters")?.as_sequence())
-        .flatten()
-        .filter_map(|f| f.get("typed_config"))
-        .filter(|t| t.get("@type").and_then(serde_yaml::Value::as_str) == Some(WASM))
-        .filter_map(|t| t.get("config"))
-        .filter(|c| c.get("root_id").and_then(serde_yaml::Value::as_str) == Some("waygate"))
-        .filter_map(|c| c.get("configuration")?.get("value")?.as_str())
-        .collect();
+    let mut found = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(yaml) {
+        let doc = serde_yaml::Value::deserialize(document).map_err(|e| format!("not Envoy YAML: {e}"))?;
+        collect_plugin_configs(&doc, &mut found);
+    }
     match found.as_slice() {
-        [one] => Ok((*one).to_owned()),
-        [] => Err(
-            "no waygate filter (a wasm HTTP filter with root_id waygate and a string configuration) on any listener"
-                .into(),
-        ),
-        _ => Err(format!(
-            "{} waygate filters on the listeners; expected one",
-            found.len()
-        )),
+        [one] => Ok(one.clone()),
+        [] => {
+            Err("no waygate filter (a wasm HTTP filter config with root_id waygate and a string configuration)".into())
+        }
+        _ => Err(format!("{} waygate filter configs; expected one", found.len())),
+    }
+}
+
+fn collect_plugin_configs(value: &serde_yaml::Value, found: &mut Vec<String>) {
+    const WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+    match value {
+        serde_yaml::Value::Mapping(map) => {
+            let config = map.get("config");
+            let is_waygate = map.get("@type").and_then(serde_yaml::Value::as_str) == Some(WASM)
+                && config
+                    .and_then(|c| c.get("root_id"))
+                    .and_then(serde_yaml::Value::as_str)
+                    == Some("waygate");
+            let text = config
+                .and_then(|c| c.get("configuration"))
+                .and_then(|c| c.get("value"))
+                .and_then(serde_yaml::Value::as_str);
+            if let (true, Some(text)) = (is_waygate, text) {
+                if !Config::is_upstream_role(text.as_bytes()) {
+                    found.push(text.to_owned());
+                }
+                return;
+            }
+            map.values().for_each(|v| collect_plugin_configs(v, found));
+        }
+        serde_yaml::Value::Sequence(items) => items.iter().for_each(|v| collect_plugin_configs(v, found)),
+        _ => {}
     }
 }
 
@@ -273,7 +282,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_bootstrap_envoy_runs_is_a_source_of_the_limits() {
+    fn the_envoy_yaml_gateways_run_is_a_source_of_the_limits() {
         let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy/envoy.yaml")).unwrap();
         let json = plugin_config_in_bootstrap(&yaml).unwrap();
         let config = Config::parse(json.as_bytes(), &|_| None).unwrap();
@@ -295,10 +304,19 @@ mod tests {
                 .unwrap_err()
                 .contains("no waygate filter")
         );
+        assert!(plugin_config_in_bootstrap("[").unwrap_err().contains("not Envoy YAML"));
+        // The Istio install: an EnvoyFilter, whose plugin configuration is a patch's value.
+        let istio = concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy/istio/waygate-filter.yaml");
+        let json = plugin_config_in_bootstrap(&std::fs::read_to_string(istio).unwrap()).unwrap();
+        let config = Config::parse(json.as_bytes(), &|_| None).unwrap();
+        assert!(config.keys.iter().any(|k| k.requests_per_minute.is_some()), "{json}");
+        // Two waygate filters (two listeners) are ambiguous.
+        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy/envoy.yaml")).unwrap();
+        let twice = format!("{yaml}\n---\n{yaml}");
         assert!(
-            plugin_config_in_bootstrap("[")
+            plugin_config_in_bootstrap(&twice)
                 .unwrap_err()
-                .contains("not an Envoy bootstrap")
+                .contains("2 waygate filter configs")
         );
     }
 

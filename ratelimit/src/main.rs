@@ -21,7 +21,8 @@ usage:
       Serves Envoy's rate limit service (envoy.service.ratelimit.v3) on ADDR
       (host:port; port 0 picks one), counting in the Redis at URL
       (redis://host:port/db), with the limits of waygate's plugin configuration FILE:
-      its JSON, or (FILE.yaml) the Envoy bootstrap whose waygate filter carries it.
+      its JSON, or (FILE.yaml) the Envoy YAML whose waygate filter carries it (a
+      bootstrap, or Istio's EnvoyFilter manifest).
       Prints `listening on HOST:PORT` once it accepts calls. SIGTERM or Ctrl-C stops it.
   waygate-ratelimit limits --plugin-config FILE --format envoy-ratelimit|limitador
       Prints the same limits as envoyproxy/ratelimit's configuration YAML or as

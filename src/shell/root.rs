@@ -45,7 +45,9 @@ impl RootContext for Root {
                         p.credential_source
                     );
                 }
-                crate::limits::prepare(&mut host::SharedData, &config.keys);
+                if config.limits == crate::config::Limits::Local {
+                    crate::limits::prepare(&mut host::SharedData, &config.keys);
+                }
                 self.config = Some(Rc::new(config));
                 true
             }

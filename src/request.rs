@@ -1,4 +1,4 @@
-//! Request validation (interface document 2.3 and 2.6): every documented
+//! Request validation (docs/contract.md §2): every documented
 //! field is checked for type and range, and the fields the filter needs are
 //! pulled out. Unknown fields are kept: OpenAI's API has many more, and they
 //! pass through to providers.

@@ -22,7 +22,7 @@ export WAYGATE_ENVOY := $(CURDIR)/$(ENVOY)
 ROUTER_FALLBACK_VERSIONS := 1.40.0
 ROUTER_FALLBACK := $(filter $(WAYGATE_ENVOY_VERSION),$(ROUTER_FALLBACK_VERSIONS))
 
-.PHONY: all toolchain build wasm wasm-opt fakes envoy run test test-integration lint check-configs bench clean fuzz soak
+.PHONY: all toolchain build wasm wasm-opt redis fakes envoy run test test-integration lint check-configs bench clean fuzz soak
 
 all: build
 
@@ -90,17 +90,19 @@ $(PYENV)/.installed: tests/clients/requirements.txt
 	$(PYENV)/bin/pip install -q -r tests/clients/requirements.txt
 	touch $@
 
-# Unit tests, the fakes' tests, and every integration test (tests/) through real Envoy; on
+# Unit tests, the fakes' and the rate limit service's tests, and every integration test (tests/) through real Envoy; on
 # an Envoy with per-retry cluster choice the integration tests run a second time on
 # envoy/local-router.yaml (WAYGATE_TEST_FALLBACK=router, README "Routing and fallback").
-test: build envoy $(PYENV)/.installed
+# Every run selects the whole workspace: cargo resolves features per selection, so a `-p`
+# run would rebuild the shared dependencies (a minute or more each time).
+test: build envoy redis $(PYENV)/.installed
 	$(CARGO) test --release --workspace
-	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release -p waygate --test '*')
+	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release --workspace --test '*')
 
 # Only the integration tests, through WAYGATE_ENVOY_VERSION (CI runs them on each version).
-test-integration: build envoy $(PYENV)/.installed
-	$(CARGO) test --release -p waygate --test '*'
-	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release -p waygate --test '*')
+test-integration: build envoy redis $(PYENV)/.installed
+	$(CARGO) test --release --workspace --test '*'
+	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release --workspace --test '*')
 
 # Every shipped Envoy/Istio/compose config parsed into Envoy's own API types (xds-protos),
 # then the check's own tests (each misspelling must fail it). No Envoy or Docker needed.
@@ -120,6 +122,13 @@ lint: toolchain check-configs
 	$(CARGO) clippy --target wasm32-wasip1 -p waygate --lib -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps --workspace
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --target wasm32-wasip1 --no-deps -p waygate
+
+# redis-server, from Debian, when missing: the rate limit tests start their own (no
+# persistence, ephemeral ports); WAYGATE_REDIS_SERVER names another binary.
+redis:
+	@command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || [ -n "$$WAYGATE_REDIS_SERVER" ] || \
+	  { apt-get install -y -qq redis-server || { apt-get update -qq && apt-get install -y -qq redis-server; }; } >/dev/null 2>&1 || \
+	  echo "redis-server not installed (apt-get install redis-server): the rate limit tests will fail"
 
 # binaryen's wasm-opt, from Debian, when missing (`make wasm` skips it with a warning).
 wasm-opt:

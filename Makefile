@@ -144,6 +144,7 @@ bench: wasm-opt envoy
 	@mkdir -p target/bench
 	$(CARGO) bench -q -p waygate --bench core -- --quiet --noplot 2>target/bench/core.log || \
 	  { cat target/bench/core.log; exit 1; }
+	$(CARGO) build -q --manifest-path benches/floor/Cargo.toml --target wasm32-wasip1 --release --target-dir target/floor
 	$(CARGO) bench -q -p waygate --bench envoy
 
 # cargo-fuzz targets on nightly (fuzz/, its own workspace), FUZZ_SECONDS each (default

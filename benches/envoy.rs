@@ -10,7 +10,11 @@
 //! 3. **Envoy + waygate**: `envoy/local.yaml` with the built `waygate.wasm` (a copy taken
 //!    at the start, by absolute path, so a concurrent build cannot swap it) and
 //!    `benches/data/plugin.json` as its configuration, the one the `core` bench uses;
-//! 4. **TensorZero 2026.6.0** (`WAYGATE_BENCH_PEERS=none` skips it): its Rust gateway as
+//! 4. **floor filter**: `envoy/local.yaml` with `benches/floor`'s module in waygate's place,
+//!    the least any proxy-wasm filter that routes on the body costs (it holds the headers,
+//!    reads the body, sets the route header, `:path` and credential, and passes answers
+//!    untouched): waygate's cost above it is waygate's own;
+//! 5. **TensorZero 2026.6.0** (`WAYGATE_BENCH_PEERS=none` skips it): its Rust gateway as
 //!    its PyPI wheel ships it, installed once into `target/bench/peers` and served over
 //!    HTTP ([`start_tensorzero`]), routed to the same fake upstream.
 //!
@@ -69,6 +73,7 @@ const PINNED_ENV: &str = "WAYGATE_BENCH_PINNED";
 const DIRECT: &str = "fake upstream direct";
 const ENVOY_ALONE: &str = "Envoy alone";
 const WAYGATE: &str = "Envoy + waygate";
+const FLOOR: &str = "Envoy + floor filter";
 const TENSORZERO_ROW: &str = "TensorZero 2026.6.0";
 
 /// Interleaved rounds per cell.
@@ -170,10 +175,12 @@ fn run() -> Result<(), Error> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let fakes_bin = root.join("target/release/waygate-fakes");
     let built_wasm = root.join("target/wasm32-wasip1/wasm/waygate.wasm");
+    let floor_wasm = root.join("target/floor/wasm32-wasip1/release/waygate_floor.wasm");
     let envoy_bin = std::env::var_os("WAYGATE_ENVOY").map_or_else(|| root.join(DEFAULT_ENVOY), PathBuf::from);
     for (file, make) in [
         (&fakes_bin, "make build"),
         (&built_wasm, "make build"),
+        (&floor_wasm, "make bench"),
         (&envoy_bin, "make envoy"),
     ] {
         if !file.exists() {
@@ -200,6 +207,7 @@ fn run() -> Result<(), Error> {
     };
     let envoy_alone = envoy("envoy-alone", None)?;
     let waygate = envoy("envoy-waygate", Some((&plugin, &wasm)))?;
+    let floor = envoy("envoy-floor", Some((&json!({}), &floor_wasm)))?;
     let peers = std::env::var("WAYGATE_BENCH_PEERS").unwrap_or_else(|_| "tensorzero".into());
     let tensorzero = if peers.split(',').any(|p| p.trim() == "tensorzero") {
         start_tensorzero(&work, pin, fakes.addr).map_err(|e| format!("it did not start: {e}"))
@@ -231,6 +239,13 @@ fn run() -> Result<(), Error> {
             chat: requests.gateway,
             stream: requests.gateway_stream,
             proxy: Some(waygate.pid()),
+        },
+        Row {
+            label: FLOOR,
+            addr: floor.addr,
+            chat: requests.floor,
+            stream: requests.floor_stream,
+            proxy: Some(floor.pid()),
         },
     ];
     if let Ok(p) = &tensorzero {
@@ -482,6 +497,23 @@ impl Figures<'_> {
         let filter_cpu = |cell| self.cpu(cell, WAYGATE) - self.cpu(cell, ENVOY_ALONE);
         let added_p50 = |cell| self.p50(cell, WAYGATE) - self.p50(cell, ENVOY_ALONE);
         let added_rss = self.idle_mib(WAYGATE) - self.idle_mib(ENVOY_ALONE);
+        let above_floor = |cell| self.cpu(cell, WAYGATE) - self.cpu(cell, FLOOR);
+        let floor_cpu = |cell| self.cpu(cell, FLOOR) - self.cpu(cell, ENVOY_ALONE);
+        println!("the floor filter's cost (Envoy + floor filter − Envoy alone, this run):");
+        println!(
+            "  CPU per request: c = 1 {:+.1} µs, c = 64 {:+.1} µs, per SSE stream {:+.1} µs; c = 64 throughput {:.2}× Envoy alone; idle RSS {:+.1} MiB",
+            floor_cpu(C1),
+            floor_cpu(C64),
+            floor_cpu(SSE),
+            self.rps(C64, FLOOR) / self.rps(C64, ENVOY_ALONE),
+            self.idle_mib(FLOOR) - self.idle_mib(ENVOY_ALONE),
+        );
+        println!(
+            "waygate above the floor: CPU per request c = 1 {:+.1} µs, c = 64 {:+.1} µs, per SSE stream {:+.1} µs",
+            above_floor(C1),
+            above_floor(C64),
+            above_floor(SSE)
+        );
         println!("the filter's own cost (Envoy + waygate − Envoy alone, this run):");
         println!(
             "  CPU per request: c = 1 {:+.1} µs, c = 64 {:+.1} µs, per SSE stream {:+.1} µs",
@@ -1003,6 +1035,10 @@ struct Requests {
     provider_stream: Vec<u8>,
     gateway: Vec<u8>,
     gateway_stream: Vec<u8>,
+    /// The provider's body on the gateway's path with the client's key: the floor filter
+    /// routes it as it is.
+    floor: Vec<u8>,
+    floor_stream: Vec<u8>,
     tensorzero: Vec<u8>,
     tensorzero_stream: Vec<u8>,
 }
@@ -1034,16 +1070,20 @@ impl Requests {
         let gateway_path = "/api/v1/chat/completions";
         // TensorZero's OpenAI-compatible endpoint names a model from its config this way.
         let tensorzero_path = "/openai/v1/chat/completions";
+        let provider_body = with("gpt-4o-mini", false);
+        // The filter adds `stream_options.include_usage` to count tokens, and the fake
+        // paces the usage chunk like any other event, so a stream asked for without it
+        // would end one event sooner and charge the filter for the fake's pause.
+        let provider_stream_body = {
+            let mut b = with("long-18", true);
+            b["stream_options"] = json!({"include_usage": true});
+            b
+        };
         Requests {
-            provider: http("/v1/chat/completions", &openai_key, &with("gpt-4o-mini", false)),
-            // The filter adds `stream_options.include_usage` to count tokens, and the fake
-            // paces the usage chunk like any other event, so a stream asked for without it
-            // would end one event sooner and charge the filter for the fake's pause.
-            provider_stream: http("/v1/chat/completions", &openai_key, &{
-                let mut b = with("long-18", true);
-                b["stream_options"] = json!({"include_usage": true});
-                b
-            }),
+            provider: http("/v1/chat/completions", &openai_key, &provider_body),
+            provider_stream: http("/v1/chat/completions", &openai_key, &provider_stream_body),
+            floor: http(gateway_path, &dev_key, &provider_body),
+            floor_stream: http(gateway_path, &dev_key, &provider_stream_body),
             gateway: http(gateway_path, &dev_key, &with("fake/gpt-4o-mini", false)),
             gateway_stream: http(gateway_path, &dev_key, &with("fake/long-18", true)),
             tensorzero: http(

@@ -98,13 +98,7 @@ fn replicas(deny: bool) -> Replicas {
 }
 
 fn post_as(gw: &Gateway, key: &str, body: &Value) -> Response {
-    let auth = format!("Bearer {key}");
-    gw.send(
-        "POST",
-        "/api/v1/chat/completions",
-        &[("authorization", &auth), ("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    )
+    gw.post_as(key, &body.to_string())
 }
 
 fn ask(stream: bool) -> Value {

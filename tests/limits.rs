@@ -11,16 +11,6 @@ use common::{Gateway, LIMITED_KEY, Response, TOKEN_LIMITED_KEY};
 
 const BODY: &str = r#"{"model":"fake/ok","messages":[{"role":"user","content":"hi"}]}"#;
 
-fn post_as(gw: &Gateway, key: &str, body: &str) -> Response {
-    let auth = format!("Bearer {key}");
-    gw.send(
-        "POST",
-        "/api/v1/chat/completions",
-        &[("authorization", &auth), ("content-type", "application/json")],
-        body.as_bytes(),
-    )
-}
-
 /// Waits out the end of a minute, so a test's requests share one window.
 fn away_from_a_minute_boundary() {
     let into = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() % 60;
@@ -34,7 +24,7 @@ fn concurrent_requests_against_a_limit_admit_exactly_that_many() {
     let gw = Gateway::start();
     away_from_a_minute_boundary();
     let answers: Vec<Response> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..24).map(|_| s.spawn(|| post_as(&gw, LIMITED_KEY, BODY))).collect();
+        let handles: Vec<_> = (0..24).map(|_| s.spawn(|| gw.post_as(LIMITED_KEY, BODY))).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let ok = answers.iter().filter(|r| r.status == 200).count();
@@ -61,13 +51,13 @@ fn the_token_limit_trips_after_the_usage_of_earlier_answers() {
     let gw = Gateway::start();
     away_from_a_minute_boundary();
     let long = r#"{"model":"fake/long-20","messages":[{"role":"user","content":"count"}]}"#;
-    let first = post_as(&gw, TOKEN_LIMITED_KEY, long);
+    let first = gw.post_as(TOKEN_LIMITED_KEY, long);
     assert_eq!(first.status, 200, "{}", first.text());
     assert_eq!(first.header("x-ratelimit-limit-tokens"), Some("30"));
-    let second = post_as(&gw, TOKEN_LIMITED_KEY, long);
+    let second = gw.post_as(TOKEN_LIMITED_KEY, long);
     assert_eq!(second.status, 200, "{}", second.text());
     // 2 × (1 prompt + 20 completion) tokens > 30: the window is spent.
-    let third = post_as(&gw, TOKEN_LIMITED_KEY, BODY);
+    let third = gw.post_as(TOKEN_LIMITED_KEY, BODY);
     let v = third.assert_error(429, "rate_limit_error", "rate_limited", None);
     assert!(v["error"]["message"].as_str().unwrap().contains("tokens"), "{v}");
     assert_eq!(third.header("x-ratelimit-remaining-tokens"), Some("0"));
@@ -78,12 +68,13 @@ fn a_stream_counts_its_tokens_too() {
     let gw = Gateway::start();
     away_from_a_minute_boundary();
     let stream = r#"{"model":"fake/long-40","messages":[{"role":"user","content":"count"}],"stream":true}"#;
-    let r = post_as(&gw, TOKEN_LIMITED_KEY, stream);
+    let r = gw.post_as(TOKEN_LIMITED_KEY, stream);
     assert_eq!(r.status, 200);
     assert_eq!(
         r.events().last().unwrap(),
         "[DONE]",
         "a stream past the limit still finishes"
     );
-    post_as(&gw, TOKEN_LIMITED_KEY, BODY).assert_error(429, "rate_limit_error", "rate_limited", None);
+    gw.post_as(TOKEN_LIMITED_KEY, BODY)
+        .assert_error(429, "rate_limit_error", "rate_limited", None);
 }

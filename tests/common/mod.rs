@@ -331,6 +331,17 @@ impl Gateway {
         )
     }
 
+    /// A chat completion `body` with client key `key`.
+    pub fn post_as(&self, key: &str, body: &str) -> Response {
+        let auth = format!("Bearer {key}");
+        self.send(
+            "POST",
+            "/api/v1/chat/completions",
+            &[("authorization", &auth), ("content-type", "application/json")],
+            body.as_bytes(),
+        )
+    }
+
     pub fn chat(&self, body: Value) -> Response {
         self.post("/api/v1/chat/completions", &body.to_string())
     }

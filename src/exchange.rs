@@ -134,6 +134,7 @@ pub struct ResponseHead<'a> {
     /// Envoy's `response.code_details`: `via_upstream` for a real upstream
     /// answer; router-made replies (connect failure, timeout) say otherwise,
     /// and so do the replies of filters after ours (Envoy's rate limit filter).
+    /// `None` when not read: the shell reads it only for a non-2xx status.
     pub code_details: Option<&'a str>,
     /// `x-ratelimit-reset`, which Envoy's rate limit filter may add.
     pub ratelimit_reset: Option<&'a [u8]>,

@@ -410,7 +410,14 @@ impl HttpContext for Stream {
             .and_then(|s| std::str::from_utf8(s).ok())
             .and_then(|s| s.parse::<u16>().ok())
             .unwrap_or(0);
-        let details = host::property(&["response", "code_details"]);
+        // Only a non-2xx answer can be Envoy's own (the router's timeout or reset, the rate
+        // limit filter's refusal); a 2xx is the provider's. The property read costs ~2.5 µs
+        // a request in Envoy (README "Performance").
+        let details = if (200..300).contains(&status) {
+            None
+        } else {
+            host::property(&["response", "code_details"])
+        };
         let head = ResponseHead {
             status,
             content_type: header("content-type"),

@@ -9,8 +9,7 @@
 //! arrives. Envoy shares the request header map between attempts, so every
 //! attempt first removes the headers any other attempt would set.
 
-/// A header name and value.
-pub type Header = (String, String);
+use crate::errors::Header;
 
 /// One candidate's request, translated for its provider.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,6 +6,9 @@
 
 use serde_json::{Value, json};
 
+/// A header name and value, as the filter writes them on a request or an answer.
+pub type Header = (String, String);
+
 /// The `type` field of the error envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorType {
@@ -43,7 +46,7 @@ pub struct ApiError {
     /// `allow` header value, for 405 answers.
     pub allow: Option<&'static str>,
     /// More headers the answer carries (`x-ratelimit-*`).
-    pub extra_headers: Vec<(String, String)>,
+    pub extra_headers: Vec<Header>,
 }
 
 impl ApiError {
@@ -91,7 +94,7 @@ impl ApiError {
     }
 
     /// Headers of the error answer, `content-type` first.
-    pub fn headers(&self) -> Vec<(String, String)> {
+    pub fn headers(&self) -> Vec<Header> {
         let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
         if let Some(seconds) = &self.retry_after {
             headers.push(("retry-after".into(), seconds.clone()));

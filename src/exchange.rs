@@ -17,7 +17,7 @@ use crate::answer::{self, Stamp};
 use crate::attempts::{Attempts, Prepared};
 use crate::auth;
 use crate::config::{Api, Config, Fallback, Limits, Provider};
-use crate::errors::{ApiError, ErrorType};
+use crate::errors::{ApiError, ErrorType, Header};
 use crate::ids::new_id;
 use crate::limits::{self, SharedStore, Standing};
 use crate::metrics;
@@ -28,8 +28,6 @@ use crate::routing::{self, Candidate};
 use crate::stream::StreamRewriter;
 use crate::usage::Usage;
 
-/// A header name and value to set.
-pub type Header = (String, String);
 
 /// A local reply: the filter answers without (further) upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,8 +19,7 @@
 //! gives its refusals the contract's shape.
 
 use crate::config::Key;
-use crate::errors::{ApiError, ErrorType};
-use crate::exchange::Header;
+use crate::errors::{ApiError, ErrorType, Header};
 
 /// Shared data as proxy-wasm offers it.
 pub trait SharedStore {

@@ -28,7 +28,6 @@ use crate::routing::{self, Candidate};
 use crate::stream::StreamRewriter;
 use crate::usage::Usage;
 
-
 /// A local reply: the filter answers without (further) upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {

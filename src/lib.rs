@@ -32,6 +32,7 @@ pub mod errors;
 pub mod exchange;
 pub mod glob;
 pub mod ids;
+pub mod json;
 pub mod layout;
 pub mod limits;
 pub mod members;

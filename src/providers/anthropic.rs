@@ -26,10 +26,10 @@ use super::openai::interrupted;
 use super::{ErrorDetails, Learned, StreamItem, StreamTranslator, UpstreamRequest};
 use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
+use crate::json::{json_str, present};
 use crate::request::{ParsedRequest, bad_value};
 use crate::scan;
 use crate::sse::SseEvent;
-use crate::stream::{json_str, present};
 use crate::usage::Usage;
 
 mod layouts;

@@ -22,9 +22,9 @@ use std::borrow::Cow;
 
 use super::walked::{Role, Span};
 use super::{Block, Event, MessageDeltaBody, StartMessage, WireUsage};
+use crate::json::json_text;
 use crate::layout::{Holes, Layout, Token, offset_in};
 use crate::split::plain_u64;
-use crate::stream::json_text;
 
 /// How many layouts of events other than text deltas are kept: a stream
 /// has about six kinds; a stream with several blocks, a few more.

@@ -11,9 +11,9 @@
 
 use super::walked::Span;
 use super::{Candidate, Content, UsageMetadata, WirePart, WireResponse};
+use crate::json::json_text;
 use crate::layout::{Holes, Token};
 use crate::split::plain_u64;
-use crate::stream::json_text;
 
 /// A text chunk's layout, and what it held that its holes do not.
 pub(super) struct TextChunk {

@@ -13,9 +13,9 @@
 
 use super::text_chunk::Role;
 use super::{Candidate, Content, PromptFeedback, UsageMetadata, WirePart, WireResponse};
+use crate::json::json_text;
 use crate::layout::offset_in;
 use crate::split::{Walk, plain_u64};
-use crate::stream::json_text;
 
 /// Where a token of the chunk is, and what it holds.
 pub(super) type Span = (usize, usize, Role);

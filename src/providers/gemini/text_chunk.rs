@@ -9,7 +9,7 @@
 //! with other values there; any other chunk is read the long way, and may
 //! leave its own layout.
 
-use super::walked::Span;
+use super::walked::{Role, Span};
 use super::{Candidate, Content, UsageMetadata, WirePart, WireResponse};
 use crate::json::json_text;
 use crate::layout::{Holes, Token};
@@ -23,47 +23,6 @@ pub(super) struct TextChunk {
     index: Option<u64>,
     /// The chunk had `usageMetadata` (its counts are holes or fixed `null`s).
     usage: bool,
-}
-
-/// What a token of a chunk holds.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Role {
-    Text,
-    PromptCount,
-    ToolUsePromptCount,
-    CandidatesCount,
-    ThoughtsCount,
-    /// A number the stream does not read (`totalTokenCount`, say).
-    Unread,
-    FinishReason,
-    ResponseId,
-}
-
-impl Role {
-    /// The role of `usageMetadata`'s member `name`.
-    pub(super) fn of_count(name: &str) -> Role {
-        match name {
-            "promptTokenCount" => Role::PromptCount,
-            "toolUsePromptTokenCount" => Role::ToolUsePromptCount,
-            "candidatesTokenCount" => Role::CandidatesCount,
-            "thoughtsTokenCount" => Role::ThoughtsCount,
-            _ => Role::Unread,
-        }
-    }
-
-    /// A bit of its own, to tell a member given twice.
-    pub(super) fn bit(self) -> u8 {
-        match self {
-            Role::Text => 1,
-            Role::PromptCount => 2,
-            Role::ToolUsePromptCount => 4,
-            Role::CandidatesCount => 8,
-            Role::ThoughtsCount => 16,
-            Role::Unread => 32,
-            Role::FinishReason => 64,
-            Role::ResponseId => 128,
-        }
-    }
 }
 
 impl TextChunk {

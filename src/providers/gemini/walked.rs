@@ -11,7 +11,6 @@
 //! another way, anything not JSON), leaving the chunk to serde, whose
 //! answer, error or not, then stands.
 
-use super::text_chunk::Role;
 use super::{Candidate, Content, PromptFeedback, UsageMetadata, WirePart, WireResponse};
 use crate::json::json_text;
 use crate::layout::offset_in;
@@ -19,6 +18,47 @@ use crate::split::{Walk, plain_u64};
 
 /// Where a token of the chunk is, and what it holds.
 pub(super) type Span = (usize, usize, Role);
+
+/// What a token of a chunk holds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Role {
+    Text,
+    PromptCount,
+    ToolUsePromptCount,
+    CandidatesCount,
+    ThoughtsCount,
+    /// A number the stream does not read (`totalTokenCount`, say).
+    Unread,
+    FinishReason,
+    ResponseId,
+}
+
+impl Role {
+    /// The role of `usageMetadata`'s member `name`.
+    pub(super) fn of_count(name: &str) -> Role {
+        match name {
+            "promptTokenCount" => Role::PromptCount,
+            "toolUsePromptTokenCount" => Role::ToolUsePromptCount,
+            "candidatesTokenCount" => Role::CandidatesCount,
+            "thoughtsTokenCount" => Role::ThoughtsCount,
+            _ => Role::Unread,
+        }
+    }
+
+    /// A bit of its own, to tell a member given twice.
+    pub(super) fn bit(self) -> u8 {
+        match self {
+            Role::Text => 1,
+            Role::PromptCount => 2,
+            Role::ToolUsePromptCount => 4,
+            Role::CandidatesCount => 8,
+            Role::ThoughtsCount => 16,
+            Role::Unread => 32,
+            Role::FinishReason => 64,
+            Role::ResponseId => 128,
+        }
+    }
+}
 
 /// The chunk as serde would read it into a [`WireResponse`]; `spans` gets
 /// where each part's text, each finish reason, the response id and each

@@ -24,14 +24,17 @@ pub struct Prepared {
     pub body: Vec<u8>,
 }
 
-/// The edits one attempt applies to the (shared) request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Edits {
+/// The edits one attempt applies to the (shared) request, borrowed from
+/// its prepared request: a body is never copied per attempt.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Edits<'a> {
+    /// The cluster the attempt must run in.
+    pub cluster: &'a str,
     /// Applied first.
     pub remove: Vec<String>,
     /// Applied after `remove`; each replaces any existing value.
-    pub set: Vec<Header>,
-    pub body: Vec<u8>,
+    pub set: &'a [Header],
+    pub body: &'a [u8],
 }
 
 /// A request's prepared attempts and the outcome of each one started.
@@ -84,11 +87,6 @@ impl Attempts {
         self.prepared.is_empty()
     }
 
-    /// The cluster attempt `n` (1-based) must run in.
-    pub fn cluster(&self, n: usize) -> Option<&str> {
-        self.prepared.get(n.checked_sub(1)?).map(|p| p.cluster.as_str())
-    }
-
     /// The provider of attempt `n` (1-based).
     pub fn provider(&self, n: usize) -> Option<usize> {
         self.prepared.get(n.checked_sub(1)?).map(|p| p.provider)
@@ -97,24 +95,24 @@ impl Attempts {
     /// Router attempt `n` (1-based, Envoy's `x-envoy-attempt-count`) starts:
     /// its edits, and it counts as failed until [`Attempts::on_response`].
     /// `None` when the router makes more attempts than were prepared.
-    pub fn start(&mut self, n: usize) -> Option<Edits> {
+    pub fn start(&mut self, n: usize) -> Option<Edits<'_>> {
         let prepared = self.prepared.get(n.checked_sub(1)?)?;
+        if !self.started.contains(&n) {
+            self.started.push(n);
+            self.outcomes.push((prepared.provider, "error".to_string()));
+        }
         let remove = self
             .cleared
             .iter()
             .filter(|c| !prepared.set.iter().any(|(k, _)| k == *c))
             .cloned()
             .collect();
-        let edits = Edits {
+        Some(Edits {
+            cluster: &prepared.cluster,
             remove,
-            set: prepared.set.clone(),
-            body: prepared.body.clone(),
-        };
-        if !self.started.contains(&n) {
-            self.started.push(n);
-            self.outcomes.push((prepared.provider, "error".to_string()));
-        }
-        Some(edits)
+            set: &prepared.set,
+            body: &prepared.body,
+        })
     }
 
     /// Attempt `n` got response headers with `status`.
@@ -161,6 +159,7 @@ mod tests {
         assert_eq!(first.remove, ["api-key", "x-api-key"]);
         assert_eq!(first.set[1], ("authorization".into(), "Bearer sk".into()));
         assert_eq!(first.body, b"body 0");
+        assert_eq!(first.cluster, "openai");
         let second = a.start(2).unwrap();
         assert_eq!(second.remove, ["authorization", "api-key"]);
         assert_eq!(second.set[1], ("x-api-key".into(), "ak".into()));

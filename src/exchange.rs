@@ -1465,21 +1465,24 @@ mod tests {
         assert_eq!(routed.borrow().clusters().collect::<Vec<_>>(), ["c_oa", "c_an"]);
 
         // What the upstream filter does for the router's two attempts.
-        let first = routed.borrow_mut().start(1).unwrap();
-        assert!(
-            first
-                .set
-                .contains(&("authorization".into(), format!("Bearer {SECRET}")))
-        );
-        routed.borrow_mut().on_response(1, 503);
-        let second = routed.borrow_mut().start(2).unwrap();
-        assert!(
-            second.set.contains(&(":path".into(), "/v1/messages".into())),
-            "{second:?}"
-        );
-        assert!(second.set.contains(&("x-api-key".into(), ANTHROPIC_SECRET.into())));
-        assert!(second.remove.iter().any(|r| r == "authorization"), "{second:?}");
-        assert!(text(&second.body).contains("\"model\":\"b\""), "{}", text(&second.body));
+        {
+            let mut all = routed.borrow_mut();
+            let first = all.start(1).unwrap();
+            assert!(
+                first
+                    .set
+                    .contains(&("authorization".into(), format!("Bearer {SECRET}")))
+            );
+            all.on_response(1, 503);
+            let second = all.start(2).unwrap();
+            assert!(
+                second.set.contains(&(":path".into(), "/v1/messages".into())),
+                "{second:?}"
+            );
+            assert!(second.set.contains(&("x-api-key".into(), ANTHROPIC_SECRET.into())));
+            assert!(second.remove.iter().any(|r| r == "authorization"), "{second:?}");
+            assert!(text(second.body).contains("\"model\":\"b\""), "{}", text(second.body));
+        }
         routed.borrow_mut().on_response(2, 200);
 
         // The answer the client gets is the second one's, streamed and translated.

@@ -45,30 +45,28 @@ impl Attempt {
     }
 
     fn apply(&mut self, body_size: usize) -> Action {
-        let Some((attempts, n)) = &self.routed else {
+        let Some((attempts, n)) = self.routed.clone() else {
             return Action::Continue;
-        };
-        let n = *n;
-        let Some(edits) = attempts.borrow_mut().start(n) else {
-            return self.fail(&format!("attempt {n} was not prepared"));
         };
         // The router picked this attempt's cluster from the slot headers; when
         // it is not the one prepared (a slot naming a cluster Envoy does not
         // have leaves the previous attempt's), neither the provider's
         // credential nor the prompt may go there. The attempt counts as failed.
         let cluster = host::property(&["xds", "cluster_name"]);
-        let expected = attempts.borrow().cluster(n).map(|c| c.as_bytes().to_vec());
-        if cluster.is_none() || cluster != expected {
-            let got = String::from_utf8_lossy(&cluster.unwrap_or_default()).into_owned();
-            return self.fail(&format!(
-                "attempt {n} runs in cluster {got:?}, not the one prepared for it"
-            ));
-        }
-        let applied = host::edit_headers(Map::Request, &edits.remove, &edits.set)
-            .and_then(|()| host::set_buffer(Buffer::RequestBody, 0, body_size, &edits.body));
+        let applied = match attempts.borrow_mut().start(n) {
+            None => Err(format!("attempt {n} was not prepared")),
+            Some(edits) if cluster.as_deref() != Some(edits.cluster.as_bytes()) => Err(format!(
+                "attempt {n} runs in cluster {:?}, not the one prepared for it",
+                String::from_utf8_lossy(&cluster.unwrap_or_default())
+            )),
+            // Host calls only: nothing here re-enters the guest, so the borrow is safe.
+            Some(edits) => host::edit_headers(Map::Request, &edits.remove, edits.set)
+                .and_then(|()| host::set_buffer(Buffer::RequestBody, 0, body_size, edits.body))
+                .map_err(|status| format!("rewriting attempt {n} failed (host status {})", status.0)),
+        };
         match applied {
             Ok(()) => Action::Continue,
-            Err(status) => self.fail(&format!("rewriting attempt {n} failed (host status {})", status.0)),
+            Err(what) => self.fail(&what),
         }
     }
 }
@@ -77,17 +75,6 @@ impl Context for Attempt {}
 
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let map = match host::header_map(Map::Request) {
-            Ok(map) => map,
-            Err(status) => return self.fail(&format!("reading request headers (host status {})", status.0)),
-        };
-        let pairs = map.pairs();
-        let header = |name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name.as_bytes())
-                .and_then(|(_, v)| std::str::from_utf8(v).ok())
-        };
         // Not a request the downstream filter routed this way: not ours.
         let Some(token) = host::property(&[TOKEN_PROPERTY]) else {
             return Action::Continue;
@@ -96,8 +83,15 @@ impl HttpContext for Attempt {
         let Some(attempts) = token.and_then(routed::find) else {
             return self.fail("no attempts registered for this request");
         };
-        let n = header(ATTEMPT_COUNT_HEADER)
-            .and_then(|v| v.trim().parse().ok())
+        let map = match host::header_map(Map::Request) {
+            Ok(map) => map,
+            Err(status) => return self.fail(&format!("reading request headers (host status {})", status.0)),
+        };
+        let n = map
+            .pairs()
+            .into_iter()
+            .find(|(k, _)| *k == ATTEMPT_COUNT_HEADER.as_bytes())
+            .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse().ok())
             .unwrap_or(1);
         self.routed = Some((attempts, n));
         if end_of_stream {
@@ -119,14 +113,7 @@ impl HttpContext for Attempt {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Some((attempts, n)) = &self.routed {
-            let status = host::header_pairs(Map::Response)
-                .ok()
-                .and_then(|pairs| {
-                    let (_, v) = pairs.into_iter().find(|(k, _)| k.as_slice() == b":status")?;
-                    std::str::from_utf8(&v).ok()?.parse().ok()
-                })
-                .unwrap_or(0);
-            attempts.borrow_mut().on_response(*n, status);
+            attempts.borrow_mut().on_response(*n, host::status(Map::Response));
         }
         Action::Continue
     }

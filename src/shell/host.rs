@@ -102,6 +102,17 @@ pub fn header_pairs(map: Map) -> Result<Vec<Pair>, Status> {
     Ok(map.pairs().into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect())
 }
 
+/// The `:status` of a response header map; 0 when absent or not a number.
+pub fn status(map: Map) -> u16 {
+    header_map(map)
+        .ok()
+        .and_then(|map| {
+            let (_, v) = map.pairs().into_iter().find(|(k, _)| *k == b":status")?;
+            std::str::from_utf8(v).ok()?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 /// A header map as the host serialised it; [`HeaderMap::pairs`] reads it
 /// without copying each name and value (the hot paths' choice).
 pub struct HeaderMap(Vec<u8>);

@@ -274,14 +274,7 @@ impl Context for Stream {
             return;
         }
         if body_size > MAX_ANSWER_BYTES {
-            let status = host::header_pairs(Map::CallResponse)
-                .ok()
-                .and_then(|pairs| {
-                    let (_, v) = pairs.into_iter().find(|(k, _)| k.as_slice() == b":status")?;
-                    std::str::from_utf8(&v).ok()?.parse().ok()
-                })
-                .unwrap_or(0);
-            if let CallStep::Reply(rewrite) = self.exchange.on_call_too_large(status) {
+            if let CallStep::Reply(rewrite) = self.exchange.on_call_too_large(host::status(Map::CallResponse)) {
                 self.reply_with(&rewrite);
             }
             return;

@@ -327,8 +327,9 @@ class Route:
 class Surroundings:
     """What the plugin configuration is wired into."""
 
-    def __init__(self, routes: list[Route], targets: set[str], buffer_limit: int | None, env_keys: set[str], target_of: Callable[[dict], str], unset_timeout_is_none: bool = False, upstream_role: set | None = None, later_filters: list | None = None, clusters: set | None = None):
+    def __init__(self, routes: list[Route], targets: set[str], buffer_limit: int | None, env_keys: set[str], target_of: Callable[[dict], str], unset_timeout_is_none: bool = False, upstream_role: set | None = None, later_filters: list | None = None, clusters: set | None = None, retries_by_default: bool = False):
         self.routes = routes
+        self.retries_by_default = retries_by_default  # Istio: a route without `retries` retries
         self.later_filters = later_filters  # HTTP filters after waygate's (None: not known here)
         self.clusters = clusters or set()  # every cluster the bootstrap defines
         self.upstream_role = upstream_role or set()  # clusters running the filter's upstream role
@@ -385,6 +386,13 @@ def check_plugin_config(text: str, where: str, around: Surroundings, problems: P
                 if endpoint.get("provider") not in providers:
                     problems.add(ew, f"names unknown provider `{endpoint.get('provider')}`")
 
+    # The clusters the filter names itself: fallback calls and router slots address a
+    # provider's `cluster` directly, so it must be a cluster Envoy has.
+    for provider in providers.values():
+        cluster = provider.get("cluster")
+        if isinstance(cluster, str) and around.clusters and cluster not in around.clusters:
+            problems.add(f"{where}: provider `{provider.get('id')}`", f"cluster `{cluster}` is not a cluster this Envoy has (the filter's fallback calls and router slots name it)")
+
     # Wiring into the routes around the filter.
     header = str(config.get("cluster_header", "x-waygate-cluster")).lower()
     for route in around.routes:
@@ -415,6 +423,8 @@ def check_plugin_config(text: str, where: str, around: Surroundings, problems: P
                 problems.add(pw, f"its route goes to `{route.target}`, expected `{around.target_of(provider)}`")
             if header not in route.removes:
                 problems.add(pw, f"its route does not remove `{header}` before the request goes upstream")
+            if around.retries_by_default and (route.retry or {}).get("attempts") != 0:
+                problems.add(pw, "its route needs `retries: {attempts: 0}`: Istio's default retries a failed provider on itself instead of the next one")
             if route.timeout != "0s" and not (route.timeout is None and around.unset_timeout_is_none):
                 problems.add(pw, f"its route has timeout {route.timeout or 'unset (15s)'}: streams need `0s`")
     base = str(config.get("base_path", "/api/v1")).rstrip("/")
@@ -1001,6 +1011,7 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
                         direct_status=direct.get("status") if direct else None,
                         generic_cluster_header=False,
                         direct_body=direct.get("body", {}).get("string") if direct else None,
+                        retry=http.get("retries"),
                     )
                 )
 
@@ -1051,6 +1062,10 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
         f"outbound|{port.get('port')}||{svc['metadata'].get('name')}.{svc['metadata'].get('namespace', 'default')}.svc.cluster.local"
         for _, svc in by_kind.get("Service", [])
         for port in svc.get("spec", {}).get("ports", [])
+    } | {
+        f"outbound|{port.get('number')}||{host}"
+        for host, se in service_hosts.items()
+        for port in se["spec"].get("ports", [])
     }
     for where, ef in by_kind.get("EnvoyFilter", []):
         for i, patch in enumerate(ef["spec"].get("configPatches", [])):
@@ -1069,6 +1084,7 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
                     unset_timeout_is_none=True,
                     later_filters=after_waygate,
                     clusters=service_clusters,
+                    retries_by_default=True,
                 )
                 for key in env.get("host_env_keys", []):
                     if key not in proxy_env:

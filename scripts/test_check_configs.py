@@ -212,6 +212,17 @@ class CheckConfigsFails(unittest.TestCase):
         self.mutate("envoy/istio/routes.yaml", "headers: { request: { remove: [x-waygate-cluster] } }", "headers: { request: { remove: [] } }")
         self.assert_fails("does not remove `x-waygate-cluster`")
 
+    def test_istio_provider_named_by_its_route_not_its_cluster(self) -> None:
+        # Istio's cluster for the ServiceEntry is outbound|80||api.openai.com; a fallback call
+        # to `openai` would be refused by Envoy.
+        self.mutate("envoy/istio/waygate-filter.yaml", '"cluster": "outbound|80||api.openai.com"', '"cluster": "openai"')
+        self.mutate("envoy/istio/routes.yaml", 'exact: "outbound|80||api.openai.com"', "exact: openai")
+        self.assert_fails("provider `openai`: cluster `openai` is not a cluster this Envoy has")
+
+    def test_istio_provider_route_with_default_retries(self) -> None:
+        self.mutate("envoy/istio/routes.yaml", "    retries: { attempts: 0 }\n", "")
+        self.assert_fails("provider `openai`", "needs `retries: {attempts: 0}`")
+
     def test_key_env_missing_from_the_proxy(self) -> None:
         self.mutate("envoy/istio/gateway.yaml", "- name: GEMINI_API_KEY", "- name: GEMINI_KEY")
         self.assert_fails("`GEMINI_API_KEY` is not in the istio-proxy container's env")

@@ -113,8 +113,9 @@ def _preload_types(value: Any) -> list[str]:
     return unknown
 
 
-def parse_envoy(value: Any, full_name: str, where: str, problems: Problems) -> Message | None:
-    """`value` (from YAML) as Envoy message `full_name`, strictly; then the PGV rules."""
+def parse_envoy(value: Any, full_name: str, where: str, problems: Problems, partial: bool = False) -> Message | None:
+    """`value` (from YAML) as Envoy message `full_name`, strictly; then the PGV rules. A
+    `partial` message (an EnvoyFilter MERGE) may leave out its own required fields."""
     cls = message_class(full_name)
     if cls is None:
         problems.add(where, f"no such Envoy message type `{full_name}`")
@@ -128,7 +129,7 @@ def parse_envoy(value: Any, full_name: str, where: str, problems: Problems) -> M
     except (json_format.ParseError, TypeError, ValueError) as e:
         problems.add(where, f"not a valid {full_name}: {e}")
         return None
-    validate_rules(msg, where, problems)
+    validate_rules(msg, where, problems, partial)
     return msg
 
 
@@ -177,13 +178,13 @@ def _check_scalar(rules, kind: str, value, where: str, problems: Problems) -> No
         problems.add(where, f"must be {rules.const}")
 
 
-def validate_rules(msg: Message, where: str, problems: Problems) -> None:
+def validate_rules(msg: Message, where: str, problems: Problems, partial: bool = False) -> None:
     """The protoc-gen-validate rules Envoy checks when it loads a config (the usual ones)."""
     v = _validate_module()
     descriptor = msg.DESCRIPTOR
     for oneof in descriptor.oneofs:
         options = oneof.GetOptions()
-        if options.HasExtension(v.required) and options.Extensions[v.required]:
+        if options.HasExtension(v.required) and options.Extensions[v.required] and not partial:
             if msg.WhichOneof(oneof.name) is None:
                 names = ", ".join(f.name for f in oneof.fields)
                 problems.add(where, f"one of {names} is required")
@@ -199,6 +200,8 @@ def validate_rules(msg: Message, where: str, problems: Problems) -> None:
         rules = _field_rules(field)
         # A oneof member (or proto3 `optional`) is validated only when it is the one set.
         if rules is not None and field.containing_oneof is not None and not present:
+            rules = None
+        if partial and not present:
             rules = None
         if rules is not None:
             which = rules.WhichOneof("type")
@@ -322,13 +325,16 @@ class Route:
         self.present = present or set()  # headers matched on presence (lower case)
         self.slot_clusters = slot_clusters or []  # router fallback: the clusters each slot map names
         self.retry = retry  # the route's retry_policy, as written
+        self.counts_attempts = False  # its virtual host sets include_request_attempt_count
 
 
 class Surroundings:
     """What the plugin configuration is wired into."""
 
-    def __init__(self, routes: list[Route], targets: set[str], buffer_limit: int | None, env_keys: set[str], target_of: Callable[[dict], str], unset_timeout_is_none: bool = False, upstream_role: set | None = None, later_filters: list | None = None, clusters: set | None = None, retries_by_default: bool = False):
+    def __init__(self, routes: list[Route], targets: set[str], buffer_limit: int | None, env_keys: set[str], target_of: Callable[[dict], str], unset_timeout_is_none: bool = False, upstream_role: set | None = None, later_filters: list | None = None, clusters: set | None = None, retries_by_default: bool = False, max_retries: dict | None = None, auto_sni: set | None = None):
         self.routes = routes
+        self.max_retries = max_retries or {}  # cluster -> its circuit breaker's max_retries, where set
+        self.auto_sni = auto_sni or set()  # clusters whose SNI follows the request's :authority
         self.retries_by_default = retries_by_default  # Istio: a route without `retries` retries
         self.later_filters = later_filters  # HTTP filters after waygate's (None: not known here)
         self.clusters = clusters or set()  # every cluster the bootstrap defines
@@ -483,6 +489,8 @@ def check_limits(config: dict, where: str, around: Surroundings, problems: Probl
     if token_limited and not charged:
         problems.add(where, "limits `global`: tokens_per_minute needs a descriptor charged on stream done with hits_addend %FILTER_STATE(wasm.waygate_total_tokens:PLAIN)%")
 ROUTED_HEADER = "x-waygate-routed"
+ENVOY_DEFAULT_MAX_RETRIES = 3
+MIN_MAX_RETRIES = 100  # concurrent fallbacks a provider cluster must allow
 RETRIED_STATUSES = {401, 403, 404, 408, 409, 429}
 
 
@@ -515,19 +523,26 @@ def check_router_fallback(providers: dict, where: str, around: Surroundings, pro
         missing = RETRIED_STATUSES - set(retry.get("retriable_status_codes", []))
         if missing:
             problems.add(rw, f"retry_policy.retriable_status_codes lacks {sorted(missing)}")
+        if not route.counts_attempts:
+            problems.add(rw, "its virtual host needs include_request_attempt_count: true (the slot matcher reads x-envoy-attempt-count)")
     for cluster in clusters:
         if cluster not in around.upstream_role:
             problems.add(where, f"fallback `router`: cluster `{cluster}` does not run the filter's upstream role (http_filters with configuration {{\"role\": \"upstream\"}})")
+        if around.max_retries.get(cluster, ENVOY_DEFAULT_MAX_RETRIES) < MIN_MAX_RETRIES:
+            problems.add(where, f"fallback `router`: cluster `{cluster}` allows {around.max_retries.get(cluster, ENVOY_DEFAULT_MAX_RETRIES)} concurrent retries (circuit breaker max_retries; Envoy's default is 3): fallback would be capped under load")
+        if cluster in around.auto_sni:
+            problems.add(where, f"fallback `router`: cluster `{cluster}` has auto_sni, but the router picks SNI before the upstream role sets :authority")
 
 
 def _cluster_maps(node: Any) -> list[set]:
-    """The cluster names of every `exact_match_map` in a matcher cluster specifier."""
+    """For every `exact_match_map` in a matcher cluster specifier, the clusters it maps from
+    their own name (the filter's slot holds a provider's cluster; the entry must go there)."""
     found = []
     if isinstance(node, dict):
         table = node.get("map")
-        actions = [v["action"] for v in table.values() if isinstance(v, dict) and "action" in v] if isinstance(table, dict) else []
+        actions = {k: v["action"] for k, v in table.items() if isinstance(v, dict) and "action" in v} if isinstance(table, dict) else {}
         if actions:
-            found.append({a.get("typed_config", {}).get("cluster") for a in actions})
+            found.append({k for k, a in actions.items() if a.get("typed_config", {}).get("cluster") == k})
         for value in node.values():
             found.extend(_cluster_maps(value))
     elif isinstance(node, list):
@@ -550,6 +565,24 @@ def _upstream_role_clusters(clusters: dict) -> set:
             except json.JSONDecodeError:
                 pass
     return names
+
+
+def _breaker_max_retries(clusters: dict) -> dict:
+    """Each cluster's default-priority circuit breaker `max_retries`, where it sets one."""
+    found = {}
+    for name, cluster in clusters.items():
+        for threshold in cluster.get("circuit_breakers", {}).get("thresholds", []):
+            if threshold.get("priority", "DEFAULT") == "DEFAULT" and "max_retries" in threshold:
+                found[name] = threshold["max_retries"]
+    return found
+
+
+def _auto_sni_clusters(clusters: dict) -> set:
+    options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    return {
+        name for name, cluster in clusters.items()
+        if cluster.get("typed_extension_protocol_options", {}).get(options, {}).get("upstream_http_protocol_options", {}).get("auto_sni") is True
+    }
 
 
 def _without_newer_fields(node: Any) -> Any:
@@ -594,33 +627,38 @@ def _envoy_routes(route_config: dict) -> list[Route]:
     for vh in route_config.get("virtual_hosts", []):
         vh_removes = {h.lower() for h in vh.get("request_headers_to_remove", [])}
         for r in vh.get("routes", []):
-            match = r.get("match", {})
-            headers = {}
-            present = set()
-            for h in match.get("headers", []):
-                exact = h.get("string_match", {}).get("exact")
-                if exact is not None:
-                    headers[h.get("name", "").lower()] = exact
-                if h.get("present_match") is True:
-                    present.add(h.get("name", "").lower())
-            action = r.get("route")
-            direct = r.get("direct_response")
-            routes.append(
-                Route(
-                    header_matches=headers,
-                    target=action.get("cluster") if action else None,
-                    removes=vh_removes | {h.lower() for h in r.get("request_headers_to_remove", [])},
-                    timeout=action.get("timeout") if action else None,
-                    prefix=match.get("prefix", match.get("path")),
-                    direct_status=direct.get("status") if direct else None,
-                    generic_cluster_header=bool(action and "cluster_header" in action),
-                    direct_body=direct.get("body", {}).get("inline_string") if direct else None,
-                    present=present,
-                    slot_clusters=_cluster_maps(action.get("inline_cluster_specifier_plugin")) if action else [],
-                    retry=action.get("retry_policy") if action else None,
-                )
-            )
+            route = _envoy_route(r, vh_removes)
+            route.counts_attempts = vh.get("include_request_attempt_count") is True
+            routes.append(route)
     return routes
+
+
+def _envoy_route(r: dict, vh_removes: set) -> Route:
+    """One Envoy `config.route.v3.Route`, in a virtual host removing `vh_removes`."""
+    match = r.get("match", {})
+    headers = {}
+    present = set()
+    for h in match.get("headers", []):
+        exact = h.get("string_match", {}).get("exact")
+        if exact is not None:
+            headers[h.get("name", "").lower()] = exact
+        if h.get("present_match") is True:
+            present.add(h.get("name", "").lower())
+    action = r.get("route")
+    direct = r.get("direct_response")
+    return Route(
+        header_matches=headers,
+        target=action.get("cluster") if action else None,
+        removes=vh_removes | {h.lower() for h in r.get("request_headers_to_remove", [])},
+        timeout=action.get("timeout") if action else None,
+        prefix=match.get("prefix", match.get("path")),
+        direct_status=direct.get("status") if direct else None,
+        generic_cluster_header=bool(action and "cluster_header" in action),
+        direct_body=direct.get("body", {}).get("inline_string") if direct else None,
+        present=present,
+        slot_clusters=_cluster_maps(action.get("inline_cluster_specifier_plugin")) if action else [],
+        retry=action.get("retry_policy") if action else None,
+    )
 
 
 class BootstrapInfo:
@@ -687,6 +725,8 @@ def check_bootstrap(path: Path, root: Path, problems: Problems) -> BootstrapInfo
                         upstream_role=_upstream_role_clusters(info.clusters),
                         later_filters=filters[hi + 1:],
                         clusters=set(info.clusters),
+                        max_retries=_breaker_max_retries(info.clusters),
+                        auto_sni=_auto_sni_clusters(info.clusters),
                     )
                     check_wasm_plugin(plugin, fw, around, problems)
     if wasm_filters == 0:
@@ -1044,7 +1084,7 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
             if operation == "REMOVE":
                 continue
             value = patch.get("patch", {}).get("value")
-            msg = parse_envoy(value, APPLY_TO[apply_to], f"{pw} patch.value", problems)
+            msg = parse_envoy(_without_newer_fields(value), APPLY_TO[apply_to], f"{pw} patch.value", problems, partial=operation == "MERGE")
             if msg is None:
                 continue
             if apply_to == "LISTENER" and "per_connection_buffer_limit_bytes" in value:
@@ -1067,15 +1107,21 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
         for host, se in service_hosts.items()
         for port in se["spec"].get("ports", [])
     }
-    for where, ef in by_kind.get("EnvoyFilter", []):
-        for i, patch in enumerate(ef["spec"].get("configPatches", [])):
-            value = patch.get("patch", {}).get("value") or {}
-            typed = value.get("typed_config", {}) if isinstance(value, dict) else {}
-            if patch.get("applyTo") == "EXTENSION_CONFIG" and typed.get("@type") == TYPE_PREFIX + WASM:
+    patches = [
+        (f"{where} configPatches[{i}]", patch)
+        for where, ef in by_kind.get("EnvoyFilter", [])
+        for i, patch in enumerate(ef["spec"].get("configPatches", []))
+    ]
+    router = _istio_router_fallback(patches, by_kind, problems)
+    for pw, patch in patches:
+        value = patch.get("patch", {}).get("value") or {}
+        typed = value.get("typed_config", {}) if isinstance(value, dict) else {}
+        if patch.get("applyTo") == "EXTENSION_CONFIG" and typed.get("@type") == TYPE_PREFIX + WASM and value.get("name") not in router.upstream_roles:
+                where, i = pw.rsplit(" configPatches[", 1)[0], int(pw.rsplit("[", 1)[1].rstrip("]"))
                 plugin = typed.get("config", {})
                 env = plugin.get("vm_config", {}).get("environment_variables", {})
                 around = Surroundings(
-                    routes=routes,
+                    routes=routes + router.routes,
                     targets=set(service_hosts),
                     buffer_limit=buffer_limit,
                     env_keys=set(env.get("host_env_keys", [])) | set(env.get("key_values", {})),
@@ -1085,11 +1131,22 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
                     later_filters=after_waygate,
                     clusters=service_clusters,
                     retries_by_default=True,
+                    upstream_role=router.upstream_role_clusters,
+                    max_retries=router.max_retries,
                 )
                 for key in env.get("host_env_keys", []):
                     if key not in proxy_env:
                         problems.add(f"{where} configPatches[{i}]", f"host_env_keys `{key}` is not in the istio-proxy container's env")
                 check_wasm_plugin(plugin, f"{where} configPatches[{i}] patch.value.typed_config.config", around, problems)
+                if router.routes:
+                    # Applied together with router-fallback.yaml, the plugin says "router"
+                    # (README "Load into Istio" switches it with sed on this very text).
+                    if '"fallback": "http_call"' not in plugin.get("configuration", {}).get("value", ""):
+                        problems.add(f"{where} configPatches[{i}]", 'the plugin configuration must say `"fallback": "http_call"` literally: README switches it to router with sed')
+                    check_wasm_plugin(_switched_to_router(plugin), f"{where} configPatches[{i}] (\"fallback\": \"router\", with the router fallback patches) patch.value.typed_config.config", around, problems)
+                for name, upstream in router.upstream_roles.items():
+                    if upstream.get("vm_config") != plugin.get("vm_config"):
+                        problems.add(f"{where} configPatches[{i}]", f"the upstream role `{name}` has another vm_config than the filter: they would not share a VM")
                 names = {
                     p.get("patch", {}).get("value", {}).get("name")
                     for _, e in by_kind.get("EnvoyFilter", [])
@@ -1098,6 +1155,80 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
                 }
                 if value.get("name") not in names:
                     problems.add(f"{where} configPatches[{i}]", f"no HTTP_FILTER patch refers to extension config `{value.get('name')}`")
+
+
+class IstioRouterFallback:
+    """Router fallback as EnvoyFilter patches (envoy/istio/router-fallback.yaml)."""
+
+    def __init__(self) -> None:
+        self.routes: list[Route] = []  # routes patched into the gateway's route configuration
+        self.upstream_roles: dict[str, dict] = {}  # ECDS name -> Wasm config of the upstream role
+        self.upstream_role_clusters: set[str] = set()
+        self.max_retries: dict[str, int] = {}  # cluster -> DestinationRule connectionPool.http.maxRetries
+
+
+def _istio_router_fallback(patches: list, by_kind: dict, problems: Problems) -> IstioRouterFallback:
+    found = IstioRouterFallback()
+    for _, patch in patches:
+        value = patch.get("patch", {}).get("value") or {}
+        typed = value.get("typed_config", {}) if isinstance(value, dict) else {}
+        if patch.get("applyTo") == "EXTENSION_CONFIG" and typed.get("@type") == TYPE_PREFIX + WASM:
+            plugin = typed.get("config", {})
+            if _is_upstream_role(plugin.get("configuration", {}).get("value")):
+                found.upstream_roles[value.get("name")] = plugin
+    counts_attempts = any(
+        patch.get("applyTo") == "VIRTUAL_HOST" and patch.get("patch", {}).get("operation") == "MERGE"
+        and (patch.get("patch", {}).get("value") or {}).get("include_request_attempt_count") is True
+        for _, patch in patches
+    )
+    referred = set()
+    for pw, patch in patches:
+        value = patch.get("patch", {}).get("value") or {}
+        operation = patch.get("patch", {}).get("operation")
+        if patch.get("applyTo") == "HTTP_ROUTE" and operation in ("INSERT_FIRST", "ADD"):
+            route = _envoy_route(value, set())
+            route.counts_attempts = counts_attempts
+            found.routes.append(route)
+        if patch.get("applyTo") == "CLUSTER" and operation == "MERGE":
+            match = patch.get("match", {}).get("cluster", {})
+            cluster = f"outbound|{match.get('portNumber')}||{match.get('service')}"
+            options = value.get("typed_extension_protocol_options", {}).get("envoy.extensions.upstreams.http.v3.HttpProtocolOptions", {})
+            names = {f.get("name") for f in options.get("http_filters", []) if "config_discovery" in f}
+            if names & set(found.upstream_roles):
+                found.upstream_role_clusters.add(cluster)
+                referred |= names
+    for name, plugin in found.upstream_roles.items():
+        if name not in referred:
+            problems.add(f"extension config `{name}`", "no CLUSTER patch runs this upstream role")
+        if plugin.get("failure_policy") != "FAIL_CLOSED" or plugin.get("allow_on_headers_stop_iteration") is not True:
+            problems.add(f"extension config `{name}`", "the upstream role needs failure_policy FAIL_CLOSED and allow_on_headers_stop_iteration")
+    for _, dr in by_kind.get("DestinationRule", []):
+        for port in dr["spec"].get("trafficPolicy", {}).get("portLevelSettings", []):
+            retries = port.get("connectionPool", {}).get("http", {}).get("maxRetries")
+            if retries is not None:
+                found.max_retries[f"outbound|{port.get('port', {}).get('number')}||{dr['spec'].get('host')}"] = retries
+    return found
+
+
+def _is_upstream_role(configuration: str | None) -> bool:
+    try:
+        return json.loads(configuration or "null") == {"role": "upstream"}
+    except json.JSONDecodeError:
+        return False
+
+
+def _switched_to_router(plugin: dict) -> dict:
+    """The Wasm config with its plugin configuration saying `"fallback": "router"`."""
+    switched = json.loads(json.dumps(plugin))
+    configuration = switched.get("configuration", {})
+    try:
+        config = json.loads(configuration.get("value", ""))
+    except json.JSONDecodeError:
+        return plugin
+    if isinstance(config, dict):
+        config["fallback"] = "router"
+        configuration["value"] = json.dumps(config)
+    return switched
 
 
 # ---- docker compose -----------------------------------------------------------------------

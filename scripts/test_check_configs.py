@@ -223,6 +223,30 @@ class CheckConfigsFails(unittest.TestCase):
         self.mutate("envoy/istio/routes.yaml", "    retries: { attempts: 0 }\n", "")
         self.assert_fails("provider `openai`", "needs `retries: {attempts: 0}`")
 
+    def test_istio_router_fallback_without_the_upstream_role_on_a_cluster(self) -> None:
+        self.mutate("envoy/istio/router-fallback.yaml", "cluster: { service: api.anthropic.com, portNumber: 80 }", "cluster: { service: api.anthropic.com, portNumber: 443 }")
+        self.assert_fails("\"fallback\": \"router\"", "cluster `outbound|80||api.anthropic.com` does not run the filter's upstream role")
+
+    def test_istio_router_fallback_upstream_role_in_another_vm(self) -> None:
+        self.mutate("envoy/istio/router-fallback.yaml", "vm_id: waygate", "vm_id: waygate-upstream")
+        self.assert_fails("the upstream role `waygate.waygate_upstream` has another vm_config than the filter")
+
+    def test_istio_router_fallback_without_attempt_count(self) -> None:
+        self.mutate("envoy/istio/router-fallback.yaml", "include_request_attempt_count: true", "include_request_attempt_count: false")
+        self.assert_fails("needs include_request_attempt_count: true")
+
+    def test_istio_router_fallback_capped_by_retry_breakers(self) -> None:
+        self.mutate("envoy/istio/egress.yaml", "http: { maxRetries: 1000 }", "http: { http2MaxRequests: 1000 }")
+        self.assert_fails("cluster `outbound|80||api.openai.com` allows 3 concurrent retries")
+
+    def test_istio_router_fallback_slot_without_a_provider(self) -> None:
+        self.mutate("envoy/istio/router-fallback.yaml", '"outbound|80||generativelanguage.googleapis.com": {action', '"gemini": {action')
+        self.assert_fails("has no entry for provider cluster `outbound|80||generativelanguage.googleapis.com`")
+
+    def test_router_fallback_capped_by_retry_breakers(self) -> None:
+        self.mutate("envoy/local-router.yaml", "    circuit_breakers: { thresholds: [{ max_retries: 1000 }] }   # Envoy's default caps retries at 3\n", "")
+        self.assert_fails("local-router.yaml", "cluster `fake` allows 3 concurrent retries")
+
     def test_key_env_missing_from_the_proxy(self) -> None:
         self.mutate("envoy/istio/gateway.yaml", "- name: GEMINI_API_KEY", "- name: GEMINI_KEY")
         self.assert_fails("`GEMINI_API_KEY` is not in the istio-proxy container's env")

@@ -132,13 +132,27 @@ const CELLS: [Cell; 3] = [
         requests: 1_500,
     },
 ];
+/// Streams of a few hundred deltas, one row per provider API through the filter and the
+/// same provider stream through Envoy alone: what the filter costs per API on answers as
+/// long as real ones (the c = 16 cell's 20 events hide a per-event cost).
+const LONG_STREAMS: Cell = Cell {
+    title: "long SSE c = 16",
+    concurrency: 16,
+    streaming: true,
+    requests: 192,
+};
+/// The fake's `long-N`: N deltas, ~1 ms apart.
+const LONG_MODEL: &str = "long-300";
+/// Each API's filter cost per long stream within this factor of the OpenAI-compatible one's.
+const LONG_VS_OPENAI: f64 = 1.5;
+
 const C1: usize = 0;
 const C64: usize = 1;
 const SSE: usize = 2;
 
 /// A target of the load: where it listens, what it is sent, and which process to watch.
 struct Row {
-    label: &'static str,
+    label: String,
     addr: SocketAddr,
     /// The non-streaming chat request and the streaming one, as raw HTTP/1.1.
     chat: Vec<u8>,
@@ -220,28 +234,28 @@ fn run() -> Result<(), Error> {
     let body_bytes = body_len(&requests.provider);
     let mut rows = vec![
         Row {
-            label: DIRECT,
+            label: DIRECT.into(),
             addr: fakes.addr,
             chat: requests.provider.clone(),
             stream: requests.provider_stream.clone(),
             proxy: None,
         },
         Row {
-            label: ENVOY_ALONE,
+            label: ENVOY_ALONE.into(),
             addr: envoy_alone.addr,
             chat: requests.provider.clone(),
             stream: requests.provider_stream.clone(),
             proxy: Some(envoy_alone.pid()),
         },
         Row {
-            label: WAYGATE,
+            label: WAYGATE.into(),
             addr: waygate.addr,
             chat: requests.gateway,
             stream: requests.gateway_stream,
             proxy: Some(waygate.pid()),
         },
         Row {
-            label: FLOOR,
+            label: FLOOR.into(),
             addr: floor.addr,
             chat: requests.floor,
             stream: requests.floor_stream,
@@ -250,7 +264,7 @@ fn run() -> Result<(), Error> {
     ];
     if let Ok(p) = &tensorzero {
         rows.push(Row {
-            label: TENSORZERO_ROW,
+            label: TENSORZERO_ROW.into(),
             addr: p.addr,
             chat: requests.tensorzero,
             stream: requests.tensorzero_stream,
@@ -306,6 +320,21 @@ fn run() -> Result<(), Error> {
         results.push(measured);
     }
 
+    let long_rows = long_stream_rows(&envoy_alone, &waygate, &body);
+    let mut long_events = Vec::new();
+    for row in &long_rows {
+        long_events.push(
+            rt.block_on(sse_events(row.addr, &row.stream))
+                .map_err(|e| format!("{}: {e}", row.label))?,
+        );
+    }
+    let round = match seconds {
+        Some(s) => Budget::Time(Duration::from_secs_f64(s / ROUNDS as f64)),
+        None => Budget::Requests(LONG_STREAMS.requests / ROUNDS),
+    };
+    let long = measure(&rt, &LONG_STREAMS, &long_rows, round)?;
+    print_cell(&LONG_STREAMS, &long_rows, &long, &long_events, ticks_per_s, round);
+
     println!("memory: the proxy's VmRSS before any load / after the run:");
     for (row, idle) in rows.iter().zip(&idle_rss) {
         if let (Some(pid), Some(idle)) = (row.proxy, idle) {
@@ -319,6 +348,8 @@ fn run() -> Result<(), Error> {
         results: &results,
         idle_rss: &idle_rss,
         ticks_per_s,
+        long_rows: &long_rows,
+        long: &long,
     };
     figures.print_verdicts(wasm_bytes, &tensorzero);
 
@@ -456,6 +487,9 @@ struct Figures<'a> {
     results: &'a [Vec<Measured>],
     idle_rss: &'a [Option<u64>],
     ticks_per_s: f64,
+    /// The long-stream cell, which has rows of its own.
+    long_rows: &'a [Row],
+    long: &'a [Measured],
 }
 
 impl Figures<'_> {
@@ -485,6 +519,17 @@ impl Figures<'_> {
     /// TTFB p50 in ms.
     fn ttfb(&self, cell: usize, label: &str) -> f64 {
         self.of(cell, label, |m| m.stats.first(0.5) / 1e6)
+    }
+
+    /// The filter's CPU per long stream of `api`: its row through waygate less the same
+    /// provider stream through Envoy alone.
+    fn long_filter_cpu(&self, api: &str) -> f64 {
+        let cpu = |label: String| {
+            let row = self.long_rows.iter().position(|r| r.label == label);
+            row.and_then(|i| self.long.get(i))
+                .map_or(f64::NAN, |m| m.cpu_us_per_request(self.ticks_per_s))
+        };
+        cpu(format!("{WAYGATE}, {api}")) - cpu(format!("{ENVOY_ALONE}, {api}"))
     }
 
     fn idle_mib(&self, label: &str) -> f64 {
@@ -526,6 +571,11 @@ impl Figures<'_> {
             added_p50(C1),
             added_p50(C64),
             self.ttfb(SSE, WAYGATE) - self.ttfb(SSE, ENVOY_ALONE),
+        );
+
+        let [openai, anthropic, gemini] = LONG_APIS.map(|api| self.long_filter_cpu(api));
+        println!(
+            "  per {LONG_MODEL} stream: OpenAI-compatible {openai:+.1} µs, Anthropic {anthropic:+.1} µs, Gemini {gemini:+.1} µs"
         );
 
         let c64_vs_envoy = self.rps(C64, WAYGATE) / self.rps(C64, ENVOY_ALONE);
@@ -583,6 +633,17 @@ impl Figures<'_> {
             (
                 format!("SSE c = 16 TTFB p50 within {SSE_TTFB_ADDED_MS} ms of Envoy alone"),
                 Verdict::judge(ttfb_added <= SSE_TTFB_ADDED_MS, format!("{ttfb_added:+.3} ms")),
+            ),
+            (
+                format!("{LONG_MODEL} stream, Anthropic: filter CPU ≤ {LONG_VS_OPENAI}× the OpenAI-compatible one"),
+                Verdict::judge(
+                    anthropic <= LONG_VS_OPENAI * openai,
+                    format!("{:.2}×", anthropic / openai),
+                ),
+            ),
+            (
+                format!("{LONG_MODEL} stream, Gemini: filter CPU ≤ {LONG_VS_OPENAI}× the OpenAI-compatible one"),
+                Verdict::judge(gemini <= LONG_VS_OPENAI * openai, format!("{:.2}×", gemini / openai)),
             ),
             (
                 format!("idle RSS ≤ Envoy alone + {RSS_ADDED_MIB} MiB (one worker)"),
@@ -1254,13 +1315,75 @@ fn parse_head(head: &[u8]) -> std::io::Result<Framing> {
 }
 
 /// SSE events in one streamed answer before `[DONE]` (checks each row streams alike).
+/// The number of events of one stream, which must have ended as its API ends a stream.
 async fn sse_events(addr: SocketAddr, request: &[u8]) -> Result<usize, Error> {
     let mut conn = TcpStream::connect(addr).await?;
     let mut buf = Vec::new();
     exchange(&mut conn, &mut buf, request).await?;
     let text = String::from_utf8_lossy(&buf);
-    if !text.contains("data: [DONE]") {
-        return Err(format!("the stream did not end with [DONE]: {text}").into());
+    let events = text.matches("data: ").count();
+    if text.contains("data: [DONE]") {
+        Ok(events.saturating_sub(1))
+    } else if text.contains("\"message_stop\"") || text.contains("\"finishReason\"") {
+        Ok(events)
+    } else {
+        Err(format!("the stream did not end: {text}").into())
     }
-    Ok(text.matches("data: ").count().saturating_sub(1))
+}
+
+/// The provider APIs of the long-stream cell, as its row labels name them.
+const LONG_APIS: [&str; 3] = ["OpenAI-compatible", "Anthropic", "Gemini"];
+
+/// The long-stream cell's rows: per API, the stream through the filter (the bench plugin
+/// configuration's provider of that API) and the same provider stream through Envoy alone.
+fn long_stream_rows(envoy_alone: &Proc, waygate: &Proc, body: &Value) -> Vec<Row> {
+    let messages = body["messages"].clone();
+    let gateway = |provider: &str| {
+        let mut b = json!({"model": format!("{provider}/{LONG_MODEL}"), "stream": true, "messages": messages});
+        if let Some(max) = body.get("max_tokens") {
+            b["max_tokens"] = max.clone();
+        }
+        http(
+            "/api/v1/chat/completions",
+            &[("authorization", "Bearer wg-dev-key")],
+            &b,
+        )
+    };
+    let user = json!([{"role": "user", "content": "Tell me a long story."}]);
+    let provider = [
+        http(
+            "/v1/chat/completions",
+            &[("authorization", "Bearer fake-openai-key")],
+            &json!({"model": LONG_MODEL, "stream": true, "stream_options": {"include_usage": true}, "messages": user}),
+        ),
+        http(
+            "/v1/messages",
+            &[("x-api-key", "fake-anthropic-key"), ("anthropic-version", "2023-06-01")],
+            &json!({"model": LONG_MODEL, "stream": true, "max_tokens": 1024, "messages": user}),
+        ),
+        http(
+            &format!("/v1beta/models/{LONG_MODEL}:streamGenerateContent?alt=sse"),
+            &[("x-goog-api-key", "fake-gemini-key")],
+            &json!({"contents": [{"role": "user", "parts": [{"text": "Tell me a long story."}]}]}),
+        ),
+    ];
+    let through_filter = ["fake", "fakeanthropic", "fakegemini"].map(gateway);
+    let mut rows = Vec::new();
+    for ((api, direct), filtered) in LONG_APIS.iter().zip(provider).zip(through_filter) {
+        rows.push(Row {
+            label: format!("{ENVOY_ALONE}, {api}"),
+            addr: envoy_alone.addr,
+            chat: Vec::new(),
+            stream: direct,
+            proxy: Some(envoy_alone.pid()),
+        });
+        rows.push(Row {
+            label: format!("{WAYGATE}, {api}"),
+            addr: waygate.addr,
+            chat: Vec::new(),
+            stream: filtered,
+            proxy: Some(waygate.pid()),
+        });
+    }
+    rows
 }

@@ -33,18 +33,22 @@
 //! requests shared by `c` connections, each timed from its first byte written to its last
 //! byte read; p50/p99 over all of them, req/s from the wall time. Cells: a ~1 KB chat
 //! request (`benches/data/chat_1k.json`) at c = 1 and c = 64, and a 20-event SSE answer
-//! (the fake's `long-18`) at c = 16, also timed to its first body byte (TTFB). Each cell
+//! (the fake's `long-18`) at c = 16, also timed to its first body byte (TTFB); then
+//! streams of 300 deltas (`long-300`, c = 16) in each provider API, through the filter and
+//! the same provider stream through Envoy alone. Each cell
 //! runs in interleaved rounds, every row in turn, so a noisy neighbour hits them alike.
 //!
-//! Per row and cell: the proxy's CPU per request, the growth of utime + stime of its whole
-//! process (`/proc/<pid>/stat`: the scheduler's exact run time of all its threads, read in
-//! 10 ms clock ticks) over the cell divided by its requests; and once per row the proxy's
+//! Per row and cell: the proxy's CPU per request, the growth of its threads' run time (the
+//! scheduler's exact account, `/proc/<pid>/task/*/schedstat`, in ns) over the cell divided
+//! by its requests; and once per row the proxy's
 //! resident memory (VmRSS) before any load, and again after the run.
 //! Then the filter's own cost (Envoy + waygate − Envoy alone) and issue #29's targets,
 //! each marked met or missed for this run, with the `.wasm` size.
 //!
 //! `WAYGATE_BENCH_SECONDS=S` runs each row of each cell for about S seconds instead of
-//! the fixed request counts.
+//! the fixed request counts. `WAYGATE_BENCH_VARIANT=FILE.wasm` adds a row for another build
+//! of the filter, in a fifth Envoy, and prints its cost against the built one: an
+//! experiment measured in the same run as what it would replace.
 
 // Bench code, like the tests: configuration documents are indexed by key (a missing key
 // reads as null; the bootstrap's shape is checked when Envoy loads it).
@@ -75,6 +79,10 @@ const ENVOY_ALONE: &str = "Envoy alone";
 const WAYGATE: &str = "Envoy + waygate";
 const FLOOR: &str = "Envoy + floor filter";
 const TENSORZERO_ROW: &str = "TensorZero 2026.6.0";
+const VARIANT: &str = "Envoy + variant";
+/// A second build of the filter to measure beside the built one in the same run (an
+/// experiment's A/B: Envoy's numbers drift between runs more than most changes move them).
+const VARIANT_ENV: &str = "WAYGATE_BENCH_VARIANT";
 
 /// Interleaved rounds per cell.
 const ROUNDS: usize = 3;
@@ -110,8 +118,7 @@ struct Cell {
 }
 
 /// Sized so that each proxied row takes a few seconds per cell on the 2-core build machine
-/// (the whole bench about a minute and a half), and long enough that the 10 ms rounding
-/// of the CPU time read stays within about 2% of the proxy's CPU per request.
+/// (the whole bench about two minutes).
 const CELLS: [Cell; 3] = [
     Cell {
         title: "c = 1",
@@ -165,8 +172,8 @@ struct Row {
 #[derive(Default)]
 struct Measured {
     stats: Stats,
-    /// The proxy's CPU time over the cell's rounds, in clock ticks.
-    cpu_ticks: u64,
+    /// The proxy's CPU time over the cell's rounds, in ns.
+    cpu_ns: u64,
 }
 
 fn run() -> Result<(), Error> {
@@ -222,6 +229,14 @@ fn run() -> Result<(), Error> {
     let envoy_alone = envoy("envoy-alone", None)?;
     let waygate = envoy("envoy-waygate", Some((&plugin, &wasm)))?;
     let floor = envoy("envoy-floor", Some((&json!({}), &floor_wasm)))?;
+    let variant = match std::env::var_os(VARIANT_ENV) {
+        Some(path) => {
+            let copy = work.join("variant.wasm");
+            std::fs::copy(&path, &copy).map_err(|e| format!("{VARIANT_ENV}={}: {e}", Path::new(&path).display()))?;
+            Some(envoy("envoy-variant", Some((&plugin, &copy)))?)
+        }
+        None => None,
+    };
     let peers = std::env::var("WAYGATE_BENCH_PEERS").unwrap_or_else(|_| "tensorzero".into());
     let tensorzero = if peers.split(',').any(|p| p.trim() == "tensorzero") {
         start_tensorzero(&work, pin, fakes.addr).map_err(|e| format!("it did not start: {e}"))
@@ -250,8 +265,8 @@ fn run() -> Result<(), Error> {
         Row {
             label: WAYGATE.into(),
             addr: waygate.addr,
-            chat: requests.gateway,
-            stream: requests.gateway_stream,
+            chat: requests.gateway.clone(),
+            stream: requests.gateway_stream.clone(),
             proxy: Some(waygate.pid()),
         },
         Row {
@@ -262,6 +277,15 @@ fn run() -> Result<(), Error> {
             proxy: Some(floor.pid()),
         },
     ];
+    if let Some(p) = &variant {
+        rows.push(Row {
+            label: VARIANT.into(),
+            addr: p.addr,
+            chat: requests.gateway.clone(),
+            stream: requests.gateway_stream.clone(),
+            proxy: Some(p.pid()),
+        });
+    }
     if let Ok(p) = &tensorzero {
         rows.push(Row {
             label: TENSORZERO_ROW.into(),
@@ -298,6 +322,7 @@ fn run() -> Result<(), Error> {
     let exited = || {
         let procs = [&fakes, &envoy_alone, &waygate]
             .into_iter()
+            .chain(variant.as_ref())
             .chain(tensorzero.as_ref().ok());
         let dead: Vec<String> = procs
             .filter(|p| !p.alive())
@@ -305,7 +330,6 @@ fn run() -> Result<(), Error> {
             .collect();
         (!dead.is_empty()).then(|| format!("exited (see their logs): {}", dead.join(", ")))
     };
-    let ticks_per_s = clock_ticks_per_second();
     let mut results: Vec<Vec<Measured>> = Vec::new();
     for cell in &CELLS {
         let round = match seconds {
@@ -316,11 +340,13 @@ fn run() -> Result<(), Error> {
             Some(dead) => format!("{e}\n{dead}").into(),
             None => e,
         })?;
-        print_cell(cell, &rows, &measured, &events, ticks_per_s, round);
+        print_cell(cell, &rows, &measured, &events, round);
         results.push(measured);
     }
 
-    let long_rows = long_stream_rows(&envoy_alone, &waygate, &body);
+    let mut filtered = vec![(WAYGATE, &waygate)];
+    filtered.extend(variant.as_ref().map(|p| (VARIANT, p)));
+    let long_rows = long_stream_rows(&envoy_alone, &filtered, &body);
     let mut long_events = Vec::new();
     for row in &long_rows {
         long_events.push(
@@ -333,7 +359,7 @@ fn run() -> Result<(), Error> {
         None => Budget::Requests(LONG_STREAMS.requests / ROUNDS),
     };
     let long = measure(&rt, &LONG_STREAMS, &long_rows, round)?;
-    print_cell(&LONG_STREAMS, &long_rows, &long, &long_events, ticks_per_s, round);
+    print_cell(&LONG_STREAMS, &long_rows, &long, &long_events, round);
 
     println!("memory: the proxy's VmRSS before any load / after the run:");
     for (row, idle) in rows.iter().zip(&idle_rss) {
@@ -347,7 +373,6 @@ fn run() -> Result<(), Error> {
         rows: &rows,
         results: &results,
         idle_rss: &idle_rss,
-        ticks_per_s,
         long_rows: &long_rows,
         long: &long,
     };
@@ -375,10 +400,10 @@ fn measure(rt: &tokio::runtime::Runtime, cell: &Cell, rows: &[Row], round: Budge
     let mut measured: Vec<Measured> = rows.iter().map(|_| Measured::default()).collect();
     for _ in 0..ROUNDS {
         for (row, m) in rows.iter().zip(&mut measured) {
-            let before = row.proxy.map(cpu_ticks).transpose()?;
+            let before = row.proxy.map(cpu_ns).transpose()?;
             let stats = load(row, round)?;
             if let (Some(pid), Some(before)) = (row.proxy, before) {
-                m.cpu_ticks += cpu_ticks(pid)?.saturating_sub(before);
+                m.cpu_ns += cpu_ns(pid)?.saturating_sub(before);
             }
             m.stats.merge(stats);
         }
@@ -421,7 +446,7 @@ fn print_header(pin: bool, envoy: &Path, wasm: &Path, body_bytes: usize, tensorz
 }
 
 /// Prints one cell's table.
-fn print_cell(cell: &Cell, rows: &[Row], measured: &[Measured], events: &[usize], ticks_per_s: f64, round: Budget) {
+fn print_cell(cell: &Cell, rows: &[Row], measured: &[Measured], events: &[usize], round: Budget) {
     let per_round = match round {
         Budget::Requests(n) => format!("{n} {}", if cell.streaming { "streams" } else { "requests" }),
         Budget::Time(d) => format!("{:.1} s", d.as_secs_f64()),
@@ -443,7 +468,7 @@ fn print_cell(cell: &Cell, rows: &[Row], measured: &[Measured], events: &[usize]
                 ms(m.stats.first(0.99)),
                 ms(m.stats.p(0.5)),
                 m.stats.rps(),
-                cpu_cell(row, m, ticks_per_s),
+                cpu_cell(row, m),
             );
         }
     } else {
@@ -462,22 +487,22 @@ fn print_cell(cell: &Cell, rows: &[Row], measured: &[Measured], events: &[usize]
                 ms(m.stats.p(0.5)),
                 ms(m.stats.p(0.99)),
                 m.stats.rps(),
-                cpu_cell(row, m, ticks_per_s),
+                cpu_cell(row, m),
             );
         }
     }
 }
 
-fn cpu_cell(row: &Row, m: &Measured, ticks_per_s: f64) -> String {
+fn cpu_cell(row: &Row, m: &Measured) -> String {
     match row.proxy {
-        Some(_) => format!("{:.1} µs", m.cpu_us_per_request(ticks_per_s)),
+        Some(_) => format!("{:.1} µs", m.cpu_us_per_request()),
         None => "-".into(),
     }
 }
 
 impl Measured {
-    fn cpu_us_per_request(&self, ticks_per_s: f64) -> f64 {
-        self.cpu_ticks as f64 * 1e6 / ticks_per_s / self.stats.count as f64
+    fn cpu_us_per_request(&self) -> f64 {
+        self.cpu_ns as f64 / 1e3 / self.stats.count as f64
     }
 }
 
@@ -486,7 +511,6 @@ struct Figures<'a> {
     rows: &'a [Row],
     results: &'a [Vec<Measured>],
     idle_rss: &'a [Option<u64>],
-    ticks_per_s: f64,
     /// The long-stream cell, which has rows of its own.
     long_rows: &'a [Row],
     long: &'a [Measured],
@@ -504,7 +528,7 @@ impl Figures<'_> {
     }
 
     fn cpu(&self, cell: usize, label: &str) -> f64 {
-        self.of(cell, label, |m| m.cpu_us_per_request(self.ticks_per_s))
+        self.of(cell, label, |m| m.cpu_us_per_request())
     }
 
     fn rps(&self, cell: usize, label: &str) -> f64 {
@@ -523,13 +547,13 @@ impl Figures<'_> {
 
     /// The filter's CPU per long stream of `api`: its row through waygate less the same
     /// provider stream through Envoy alone.
-    fn long_filter_cpu(&self, api: &str) -> f64 {
+    fn long_filter_cpu(&self, filter: &str, api: &str) -> f64 {
         let cpu = |label: String| {
             let row = self.long_rows.iter().position(|r| r.label == label);
             row.and_then(|i| self.long.get(i))
-                .map_or(f64::NAN, |m| m.cpu_us_per_request(self.ticks_per_s))
+                .map_or(f64::NAN, |m| m.cpu_us_per_request())
         };
-        cpu(format!("{WAYGATE}, {api}")) - cpu(format!("{ENVOY_ALONE}, {api}"))
+        cpu(format!("{filter}, {api}")) - cpu(format!("{ENVOY_ALONE}, {api}"))
     }
 
     fn idle_mib(&self, label: &str) -> f64 {
@@ -573,10 +597,25 @@ impl Figures<'_> {
             self.ttfb(SSE, WAYGATE) - self.ttfb(SSE, ENVOY_ALONE),
         );
 
-        let [openai, anthropic, gemini] = LONG_APIS.map(|api| self.long_filter_cpu(api));
+        let [openai, anthropic, gemini] = LONG_APIS.map(|api| self.long_filter_cpu(WAYGATE, api));
         println!(
             "  per {LONG_MODEL} stream: OpenAI-compatible {openai:+.1} µs, Anthropic {anthropic:+.1} µs, Gemini {gemini:+.1} µs"
         );
+        if self.measured(C1, VARIANT).is_some() {
+            let than_waygate = |cell| self.cpu(cell, VARIANT) - self.cpu(cell, WAYGATE);
+            let long = LONG_APIS.map(|api| self.long_filter_cpu(VARIANT, api) - self.long_filter_cpu(WAYGATE, api));
+            println!(
+                "the variant ({VARIANT_ENV}) − the built filter: CPU per request c = 1 {:+.1} µs, c = 64 {:+.1} µs, per SSE stream {:+.1} µs; \
+                 per {LONG_MODEL} stream OpenAI-compatible {:+.1} µs, Anthropic {:+.1} µs, Gemini {:+.1} µs; idle RSS {:+.1} MiB",
+                than_waygate(C1),
+                than_waygate(C64),
+                than_waygate(SSE),
+                long[0],
+                long[1],
+                long[2],
+                self.idle_mib(VARIANT) - self.idle_mib(WAYGATE),
+            );
+        }
 
         let c64_vs_envoy = self.rps(C64, WAYGATE) / self.rps(C64, ENVOY_ALONE);
         let sse_vs_envoy = self.rps(SSE, WAYGATE) / self.rps(SSE, ENVOY_ALONE);
@@ -789,25 +828,23 @@ fn envoy_version(envoy: &Path) -> String {
         .to_string()
 }
 
-/// The clock ticks per second that `/proc/<pid>/stat` counts CPU time in (USER_HZ).
-fn clock_ticks_per_second() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// utime + stime of the whole process `pid` (every thread), in clock ticks.
-fn cpu_ticks(pid: u32) -> Result<u64, Error> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name, in parentheses, may hold spaces: count fields after its `)`.
-    // Fields 14 and 15 of proc(5) are the 12th and 13th after it.
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let mut fields = after_name.split_whitespace().skip(11);
-    let mut next = || -> Result<u64, Error> { Ok(fields.next().ok_or("short /proc/<pid>/stat")?.parse()?) };
-    Ok(next()? + next()?)
+/// The process's CPU time so far, in ns: the scheduler's own account of every thread's time
+/// on a CPU (`/proc/<pid>/task/*/schedstat`), exact where `/proc/<pid>/stat`'s user and
+/// system times are sampled in 10 ms ticks. Envoy's threads live as long as it does.
+fn cpu_ns(pid: u32) -> Result<u64, Error> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        match std::fs::read_to_string(task?.path().join("schedstat")) {
+            Ok(stat) => {
+                let run_ns = stat.split_whitespace().next().ok_or("empty schedstat")?;
+                total += run_ns.parse::<u64>()?;
+            }
+            // A thread that ended between the listing and the read.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(total)
 }
 
 /// VmRSS of the process `pid`, in KiB.
@@ -1336,7 +1373,7 @@ const LONG_APIS: [&str; 3] = ["OpenAI-compatible", "Anthropic", "Gemini"];
 
 /// The long-stream cell's rows: per API, the stream through the filter (the bench plugin
 /// configuration's provider of that API) and the same provider stream through Envoy alone.
-fn long_stream_rows(envoy_alone: &Proc, waygate: &Proc, body: &Value) -> Vec<Row> {
+fn long_stream_rows(envoy_alone: &Proc, filtered: &[(&str, &Proc)], body: &Value) -> Vec<Row> {
     let messages = body["messages"].clone();
     let gateway = |provider: &str| {
         let mut b = json!({"model": format!("{provider}/{LONG_MODEL}"), "stream": true, "messages": messages});
@@ -1369,7 +1406,7 @@ fn long_stream_rows(envoy_alone: &Proc, waygate: &Proc, body: &Value) -> Vec<Row
     ];
     let through_filter = ["fake", "fakeanthropic", "fakegemini"].map(gateway);
     let mut rows = Vec::new();
-    for ((api, direct), filtered) in LONG_APIS.iter().zip(provider).zip(through_filter) {
+    for ((api, direct), request) in LONG_APIS.iter().zip(provider).zip(through_filter) {
         rows.push(Row {
             label: format!("{ENVOY_ALONE}, {api}"),
             addr: envoy_alone.addr,
@@ -1377,13 +1414,15 @@ fn long_stream_rows(envoy_alone: &Proc, waygate: &Proc, body: &Value) -> Vec<Row
             stream: direct,
             proxy: Some(envoy_alone.pid()),
         });
-        rows.push(Row {
-            label: format!("{WAYGATE}, {api}"),
-            addr: waygate.addr,
-            chat: Vec::new(),
-            stream: filtered,
-            proxy: Some(waygate.pid()),
-        });
+        for (label, proxy) in filtered {
+            rows.push(Row {
+                label: format!("{label}, {api}"),
+                addr: proxy.addr,
+                chat: Vec::new(),
+                stream: request.clone(),
+                proxy: Some(proxy.pid()),
+            });
+        }
     }
     rows
 }

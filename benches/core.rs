@@ -162,8 +162,6 @@ fn bench_stream(c: &mut Criterion) {
         let body = chat_body("fake/x", true);
         let parsed = request::parse(Operation::Chat, &body).unwrap();
         let (chunks, total) = events(path);
-        // As in the filter, each stream reads by the layouts the last left.
-        let layouts = providers::LayoutCache::default();
         let run = || {
             let stamp = Stamp {
                 op: Operation::Chat,
@@ -172,15 +170,13 @@ fn bench_stream(c: &mut Criterion) {
                 created: 1_755_000_000,
             };
             // As in the filter, which scrubs the provider's credential.
-            let mut rewriter =
-                StreamRewriter::new(providers::stream_translator(api, &parsed, layouts.take()), stamp, true)
-                    .redacting("sk-bench-0123456789abcdef");
+            let mut rewriter = StreamRewriter::new(providers::stream_translator(api, &parsed), stamp, true)
+                .redacting("sk-bench-0123456789abcdef");
             let mut out = Vec::with_capacity(total * 2);
             for chunk in &chunks {
                 rewriter.push(black_box(chunk), &mut out);
             }
             rewriter.finish(&mut out);
-            layouts.keep(rewriter.learned());
             out
         };
         let out = String::from_utf8(run()).unwrap();

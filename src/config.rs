@@ -8,7 +8,6 @@
 use serde::{Deserialize, Deserializer};
 
 use crate::glob::Glob;
-use crate::providers::LayoutCache;
 
 /// Which wire API a provider speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -97,8 +96,6 @@ pub struct Provider {
     pub legacy_completions: bool,
     pub timeout_ms: u64,
     pub default_max_tokens: u64,
-    /// How the provider's stream events were laid out, learned by its streams.
-    pub layouts: LayoutCache,
 }
 
 /// A model id served by an ordered list of provider endpoints.
@@ -342,7 +339,6 @@ fn validate_providers(
             legacy_completions: p.legacy_completions.unwrap_or(false),
             timeout_ms,
             default_max_tokens,
-            layouts: LayoutCache::default(),
         });
     }
     providers

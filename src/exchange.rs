@@ -762,10 +762,8 @@ impl Exchange {
     fn new_rewriter(&self) -> StreamRewriter {
         let provider = self.provider.and_then(|p| self.config.providers.get(p));
         let translator = match (&self.request, provider) {
-            (Some(request), Some(provider)) => {
-                providers::stream_translator(provider.api, request, provider.layouts.take())
-            }
-            (Some(request), None) => providers::stream_translator(crate::config::Api::Openai, request, None),
+            (Some(request), Some(provider)) => providers::stream_translator(provider.api, request),
+            (Some(request), None) => providers::stream_translator(crate::config::Api::Openai, request),
             (None, _) => Box::new(providers::openai::OpenAiStream),
         };
         let include_usage = self.request.as_ref().is_some_and(|r| r.include_usage);
@@ -793,9 +791,6 @@ impl Exchange {
             stream.push(chunk, out);
             if end_of_stream {
                 stream.finish(out);
-                if let Some(provider) = self.provider.and_then(|p| self.config.providers.get(p)) {
-                    provider.layouts.keep(stream.learned());
-                }
             }
             self.usage = stream.usage();
         }

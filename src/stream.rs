@@ -20,7 +20,7 @@ use crate::answer::{Stamp, text_stream_choice};
 use crate::errors::ApiError;
 use crate::json::json_text;
 use crate::providers::openai::interrupted;
-use crate::providers::{Learned, StreamItem, StreamTranslator};
+use crate::providers::{StreamItem, StreamTranslator};
 use crate::redact::{self, REDACTED};
 use crate::request::Operation;
 use crate::scan;
@@ -115,12 +115,6 @@ impl StreamRewriter {
     /// Usage seen so far (for the access log and limits).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
-    }
-
-    /// The layouts of the provider's events the translator learned, for
-    /// the provider's next stream.
-    pub fn learned(&mut self) -> Option<Learned> {
-        self.translator.learned()
     }
 
     /// Whether the stream ended, cleanly or with the error event.

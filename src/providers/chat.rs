@@ -469,23 +469,13 @@ pub(super) fn json_text(text: &str) -> Option<&str> {
 pub(crate) mod tests {
     use super::*;
     use crate::answer::Stamp;
-    use crate::providers::{Learned, StreamTranslator};
+    use crate::providers::StreamTranslator;
     use crate::request::parse;
     use crate::sse::tests::chunkings;
     use crate::stream::StreamRewriter;
 
     pub fn chat(body: Value) -> ParsedRequest {
         parse(Operation::Chat, body.to_string().as_bytes()).unwrap()
-    }
-
-    /// What `translator` learned reading the events of `input`.
-    pub fn learned_reading(mut translator: Box<dyn StreamTranslator>, input: &[u8]) -> Option<Learned> {
-        let (mut items, mut rest) = (Vec::new(), input);
-        let mut decoder = crate::sse::SseDecoder::default();
-        while let Ok(Some(event)) = decoder.next(&mut rest) {
-            translator.on_event(&event, &mut items);
-        }
-        translator.learned()
     }
 
     /// Replays `input` through a real [`StreamRewriter`] under every

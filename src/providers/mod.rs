@@ -12,8 +12,6 @@
 //! [`crate::answer`] and [`crate::stream`] then stamp ids and model names and
 //! reshape to what the client asked for.
 
-use std::cell::Cell;
-
 use serde_json::Value;
 
 use crate::config::{Api, Provider};
@@ -65,53 +63,6 @@ pub trait StreamTranslator {
     fn passthrough(&self) -> bool {
         false
     }
-
-    /// The layouts of the provider's events this stream learned, for the
-    /// provider's next stream (see [`LayoutCache`]).
-    fn learned(&mut self) -> Option<Learned> {
-        None
-    }
-}
-
-/// What a stream learned of how its provider lays out its events: the
-/// layouts its events were read by without a parse. A provider writes
-/// every stream's events alike but for their values, so the next stream
-/// reads even its first events that way.
-pub enum Learned {
-    Anthropic(anthropic::Layouts),
-    Gemini(gemini::Layouts),
-}
-
-/// A provider's [`Learned`] layouts between its streams: taken by a stream
-/// when it starts, given back when it ends (two streams at once: the second
-/// starts with none, and the last to end leaves its own). A layout only
-/// spares a parse: a stream reads the same with or without one.
-#[derive(Default)]
-pub struct LayoutCache(Cell<Option<Learned>>);
-
-impl LayoutCache {
-    pub fn take(&self) -> Option<Learned> {
-        self.0.take()
-    }
-
-    pub fn keep(&self, learned: Option<Learned>) {
-        if learned.is_some() {
-            self.0.set(learned);
-        }
-    }
-}
-
-/// A copied configuration starts with nothing learned.
-impl Clone for LayoutCache {
-    fn clone(&self) -> Self {
-        LayoutCache::default()
-    }
-}
-
-impl std::fmt::Debug for LayoutCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LayoutCache")
-    }
 }
 
 /// A provider's error body, read: its string code and message, if any.
@@ -146,19 +97,12 @@ pub fn translate_answer(api: Api, request: &ParsedRequest, body: &[u8]) -> Resul
     }
 }
 
-/// A stream translator for the provider's API, for this request, reading
-/// by the layouts the provider's last stream left, if any.
-pub fn stream_translator(api: Api, request: &ParsedRequest, learned: Option<Learned>) -> Box<dyn StreamTranslator> {
-    match (api, learned) {
-        (Api::Openai, _) => Box::new(openai::OpenAiStream),
-        (Api::Anthropic, Some(Learned::Anthropic(layouts))) => {
-            Box::new(anthropic::AnthropicStream::new(request).with_layouts(layouts))
-        }
-        (Api::Anthropic, _) => Box::new(anthropic::AnthropicStream::new(request)),
-        (Api::Gemini, Some(Learned::Gemini(layouts))) => {
-            Box::new(gemini::GeminiStream::new(request).with_layouts(layouts))
-        }
-        (Api::Gemini, _) => Box::new(gemini::GeminiStream::new(request)),
+/// A stream translator for the provider's API, for this request.
+pub fn stream_translator(api: Api, request: &ParsedRequest) -> Box<dyn StreamTranslator> {
+    match api {
+        Api::Openai => Box::new(openai::OpenAiStream),
+        Api::Anthropic => Box::new(anthropic::AnthropicStream::new(request)),
+        Api::Gemini => Box::new(gemini::GeminiStream::new(request)),
     }
 }
 

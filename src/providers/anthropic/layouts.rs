@@ -13,10 +13,6 @@
 //! `message_stop`. Sound for the reason [`Holes`] is: an event laid out as
 //! one read before is that event with other values where it had values,
 //! and reads the same but for those.
-//!
-//! A stream keeps what it learned for the provider's next
-//! ([`crate::providers::Learned`]), so a VM reads even a stream's first
-//! events without a parse once it has seen one stream.
 
 use std::borrow::Cow;
 

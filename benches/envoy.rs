@@ -143,10 +143,10 @@ const CELLS: [Cell; 3] = [
 /// same provider stream through Envoy alone: what the filter costs per API on answers as
 /// long as real ones (the c = 16 cell's 20 events hide a per-event cost).
 const LONG_STREAMS: Cell = Cell {
-    title: "long SSE c = 16",
-    concurrency: 16,
+    title: "long SSE c = 64",
+    concurrency: 64,
     streaming: true,
-    requests: 192,
+    requests: 576,
 };
 /// The fake's `long-N`: N deltas, ~1 ms apart.
 const LONG_MODEL: &str = "long-300";

@@ -190,7 +190,7 @@ impl<'o> ObjectWriter<'o> {
 /// is the input's own text between its quotes, free of escapes, so it is
 /// copied as it is; only a name that had escapes is encoded again.
 #[allow(clippy::ptr_arg)] // whether the name is borrowed is the point
-pub fn write_name(out: &mut Vec<u8>, name: &Cow<'_, str>) {
+fn write_name(out: &mut Vec<u8>, name: &Cow<'_, str>) {
     match name {
         Cow::Borrowed(text) => {
             out.push(b'"');
@@ -202,7 +202,7 @@ pub fn write_name(out: &mut Vec<u8>, name: &Cow<'_, str>) {
 }
 
 /// Appends `s` as a JSON string.
-pub fn write_string(out: &mut Vec<u8>, s: &str) {
+fn write_string(out: &mut Vec<u8>, s: &str) {
     if serde_json::to_writer(&mut *out, s).is_err() {
         // Writing a str to a Vec cannot fail; keep the output valid anyway.
         out.extend_from_slice(b"\"\"");

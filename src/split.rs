@@ -347,51 +347,13 @@ impl<'a> Cursor<'a> {
 }
 
 /// Where the JSON string token whose opening quote is at `at` ends (just
-/// past its closing quote), read as a raw walk reads it.
-pub fn string_token_end(bytes: &[u8], at: usize) -> Option<usize> {
-    string_token_end_escaped(bytes, at).map(|(end, _)| end)
-}
-
-/// [`string_token_end`], and whether the string has an escape: without
-/// one its text is the bytes between its quotes.
+/// past its closing quote, read as a raw walk reads it), and whether the
+/// string has an escape: without one its text is the bytes between its quotes.
 pub fn string_token_end_escaped(bytes: &[u8], at: usize) -> Option<(usize, bool)> {
     if bytes.get(at) != Some(&b'"') {
         return None;
     }
     string_end_and_escapes(bytes, at.wrapping_add(1), false)
-}
-
-/// A number token a walk read (so JSON number syntax: no sign but `-`, no
-/// leading zero) as serde reads it into a `u64`: digits only. `None` for a
-/// fraction, an exponent, a negative number or one past `u64`, which serde
-/// refuses or reads another way.
-pub fn plain_u64(number: &str) -> Option<u64> {
-    // Up to 19 digits always fit (std's parse checks for overflow at every
-    // digit); anything else is std's to read.
-    if number.len() <= 19 && !number.is_empty() {
-        let mut value = 0u64;
-        for b in number.bytes() {
-            if !b.is_ascii_digit() {
-                return number.parse().ok();
-            }
-            value = value.wrapping_mul(10).wrapping_add(u64::from(b.wrapping_sub(b'0')));
-        }
-        return Some(value);
-    }
-    number.parse().ok()
-}
-
-/// Where the digits of a count at `at` end: `0`, or digits with no leading
-/// zero. `None` for anything else, a negative or fractional number too,
-/// though JSON has them: a layout's number hole takes only what counts are
-/// written as, and leaves the rest to a walk. Cheaper than
-/// `number_end`, which reads all of JSON's numbers.
-pub fn digits_token_end(bytes: &[u8], at: usize) -> Option<usize> {
-    match bytes.get(at)? {
-        b'0' => Some(at.wrapping_add(1)).filter(|end| !bytes.get(*end).is_some_and(u8::is_ascii_digit)),
-        b'1'..=b'9' => Some(digits_from(bytes, at.wrapping_add(1))),
-        _ => None,
-    }
 }
 
 /// JSON's four whitespace bytes from `at`, as serde skips them: where they end.
@@ -567,45 +529,6 @@ mod tests {
             let ours: Vec<(String, String)> = ours.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
             assert_eq!(Some(ours), serde_split(text), "{text:?}");
         }
-    }
-
-    #[test]
-    fn counts_read_as_std_reads_them_and_end_where_a_walk_ends_them() {
-        let long = "1".repeat(19);
-        for number in [
-            "0",
-            "7",
-            "16",
-            "00",
-            "-1",
-            "1.5",
-            "1e3",
-            "+1",
-            "",
-            "18446744073709551615",
-            "18446744073709551616",
-            &long,
-            "1 ",
-        ] {
-            assert_eq!(plain_u64(number), number.parse().ok(), "{number:?}");
-        }
-        for (text, end) in [
-            ("0,", Some(1)),
-            ("16}", Some(2)),
-            ("1234567890123", Some(13)),
-            ("01", None),
-            ("-1", None),
-            ("x", None),
-            ("", None),
-        ] {
-            assert_eq!(digits_token_end(text.as_bytes(), 0), end, "{text:?}");
-            if let Some(end) = end {
-                assert_eq!(number_end(text.as_bytes(), 0, false), Some(end), "{text:?}");
-            }
-        }
-        // A fraction's digits end at its point: a layout's next fixed byte
-        // (a comma, a bracket) is then not there, and the layout fails.
-        assert_eq!(digits_token_end(b"1.5,", 0), Some(1));
     }
 
     #[test]

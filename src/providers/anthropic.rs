@@ -28,14 +28,8 @@ use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
 use crate::json::{json_str, present};
 use crate::request::{ParsedRequest, bad_value};
-use crate::scan;
 use crate::sse::SseEvent;
 use crate::usage::Usage;
-
-mod layouts;
-mod walked;
-pub use layouts::Layouts;
-use walked::Members;
 
 /// The API version this module speaks.
 pub const VERSION: &str = "2023-06-01";
@@ -468,93 +462,34 @@ struct RawEvent<'a> {
 }
 
 /// A required member, read as `T`; `None` when absent, `null` or mistyped.
-fn member<'a, T: Deserialize<'a>>(raw: Option<&'a str>) -> Option<T> {
-    serde_json::from_str(raw?).ok()
-}
-
-impl<'a> RawEvent<'a> {
-    fn members(self) -> Members<'a> {
-        Members {
-            kind: self.kind,
-            index: self.index.map(RawValue::get),
-            delta: self.delta.map(RawValue::get),
-            content_block: self.content_block.map(RawValue::get),
-            message: self.message.map(RawValue::get),
-            usage: self.usage.map(RawValue::get),
-            error: self.error.map(RawValue::get),
-            ..Members::default()
-        }
-    }
+fn member<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
+    serde_json::from_str(raw?.get()).ok()
 }
 
 impl<'a> Event<'a> {
-    /// `None` when `data` is not an event this stream can read. The two
-    /// events that are mostly members nobody reads, `message_start` and
-    /// `message_delta`, are read by a walk ([`walked`]) when they open as
-    /// Anthropic writes them and the walk is sure; everything else by
-    /// serde, which reads a short event (a text delta) for less than the
-    /// walk and its callbacks do.
-    ///
-    /// `spans` gets where the walk found the event's values; `true` with
-    /// the event when it read it (else `spans` is empty).
-    fn parse(data: &'a str, spans: &mut Vec<walked::Span>) -> Option<(Event<'a>, bool)> {
-        let rest = data.as_bytes().get(17..).unwrap_or_default();
-        if scan::starts_with(data.as_bytes(), br#"{"type":"message_"#)
-            && (scan::starts_with(rest, br#"start","#) || scan::starts_with(rest, br#"delta","#))
-            && let Some(members) = walked::members(data, spans)
-        {
-            return Event::read(members).map(|event| (event, true));
-        }
-        spans.clear();
-        Event::parse_raw(data).map(|event| (event, false))
-    }
-
-    /// [`Event::parse`] by serde alone: what the walk must agree with.
-    fn parse_raw(data: &'a str) -> Option<Event<'a>> {
+    /// `None` when `data` is not an event this stream can read.
+    fn parse(data: &'a str) -> Option<Event<'a>> {
         let raw: RawEvent<'a> = serde_json::from_str(data).ok()?;
-        Event::read(raw.members())
-    }
-
-    /// The event its raw members make: what the walk read inside them,
-    /// and the rest read by serde.
-    fn read(raw: Members<'a>) -> Option<Event<'a>> {
         Some(match raw.kind.as_ref() {
-            "message_start" => {
-                let message = raw.message?;
-                Event::MessageStart {
-                    message: match raw.message_usage {
-                        Some(usage) => StartMessage { usage },
-                        None => member(Some(message))?,
-                    },
-                }
-            }
+            "message_start" => Event::MessageStart {
+                message: member(raw.message)?,
+            },
             "content_block_start" => Event::ContentBlockStart {
                 index: member(raw.index)?,
                 content_block: member(raw.content_block)?,
             },
             "content_block_delta" => Event::ContentBlockDelta {
                 index: member(raw.index)?,
-                delta: Delta::parse(raw.delta?)?,
+                delta: Delta::parse(raw.delta?.get())?,
             },
-            "message_delta" => {
-                let delta = raw.delta?;
-                Event::MessageDelta {
-                    delta: match raw.stop_reason {
-                        Some(reason) => MessageDeltaBody {
-                            stop_reason: reason.map(str::to_string),
-                        },
-                        None => member(Some(delta))?,
-                    },
-                    // Absent and `null` both mean no usage; anything else must read.
-                    usage: match raw.usage {
-                        Some(usage) => match raw.usage_counts {
-                            Some(counts) => counts,
-                            None => serde_json::from_str(usage).ok()?,
-                        },
-                        None => None,
-                    },
-                }
-            }
+            "message_delta" => Event::MessageDelta {
+                delta: member(raw.delta)?,
+                // Absent and `null` both mean no usage; anything else must read.
+                usage: match raw.usage {
+                    Some(usage) => serde_json::from_str(usage.get()).ok()?,
+                    None => None,
+                },
+            },
             "message_stop" => Event::MessageStop,
             "error" => Event::Error {
                 error: member(raw.error)?,
@@ -571,8 +506,7 @@ struct StartMessage {
 
 #[derive(Debug)]
 enum Delta<'a> {
-    /// The text, and its string token as it came.
-    Text(Cow<'a, str>, &'a str),
+    Text(Cow<'a, str>),
     InputJson(Cow<'a, str>),
     /// `thinking_delta`, `signature_delta`, `citations_delta`, ...
     Other,
@@ -592,10 +526,7 @@ impl<'a> Delta<'a> {
     fn parse(raw: &'a str) -> Option<Delta<'a>> {
         let delta: RawDelta<'a> = serde_json::from_str(raw).ok()?;
         Some(match delta.kind.as_ref() {
-            "text_delta" => {
-                let token = delta.text?;
-                Delta::Text(json_str(token)?, token.get())
-            }
+            "text_delta" => Delta::Text(json_str(delta.text?)?),
             "input_json_delta" => Delta::InputJson(json_str(delta.partial_json?)?),
             _ => Delta::Other,
         })
@@ -691,14 +622,6 @@ pub struct AnthropicStream {
     usage: Usage,
     /// In `Json` mode, the text so far: checked once the answer stops.
     text: String,
-    layouts: Layouts,
-    /// Where an event's values are (scratch: by a layout, by a walk).
-    holes: Vec<(usize, usize)>,
-    found: Vec<walked::Span>,
-    /// Whether events may be read the short ways: text deltas by their
-    /// layout, a `message_start` or `message_delta` by a walk (see
-    /// [`Self::parsing_every_event`]).
-    shortcuts: bool,
 }
 
 impl AnthropicStream {
@@ -710,19 +633,7 @@ impl AnthropicStream {
             schema_block: None,
             usage: Usage::default(),
             text: String::new(),
-            layouts: Layouts::default(),
-            holes: Vec::new(),
-            found: Vec::new(),
-            shortcuts: true,
         }
-    }
-
-    /// The same stream with every event parsed the one general way: what
-    /// the short ways must agree with (the tests and the fuzz targets
-    /// compare the two).
-    pub fn parsing_every_event(mut self) -> Self {
-        self.shortcuts = false;
-        self
     }
 
     /// A text delta (an unescaped one is already owned: no second copy).
@@ -759,7 +670,7 @@ impl AnthropicStream {
     fn block_delta(&mut self, index: u64, delta: Delta, items: &mut Vec<StreamItem>) {
         match delta {
             // Text around the forced schema tool is not the answer.
-            Delta::Text(text, _) if self.mode != Mode::SchemaTool => self.content(text, items),
+            Delta::Text(text) if self.mode != Mode::SchemaTool => self.content(text, items),
             Delta::InputJson(partial_json) if self.schema_block == Some(index) => {
                 if !partial_json.is_empty() {
                     items.push(StreamItem::Chunk(chat::chunk(
@@ -820,20 +731,7 @@ impl AnthropicStream {
 
 impl StreamTranslator for AnthropicStream {
     fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
-        let data = event.data;
-        let parsed = if self.shortcuts {
-            match self.layouts.read(data, &mut self.holes) {
-                Some(event) => Some(event),
-                None => Event::parse(data, &mut self.found).map(|(event, walked)| {
-                    self.layouts
-                        .learn(data, &event, walked.then_some(self.found.as_slice()));
-                    event
-                }),
-            }
-        } else {
-            Event::parse_raw(data)
-        };
-        let event = match parsed {
+        let event = match Event::parse(event.data) {
             Some(event) => event,
             None => {
                 items.push(StreamItem::Error(interrupted(
@@ -1527,89 +1425,25 @@ mod tests {
         assert_eq!(last["error"]["message"], "The provider reported an error.");
     }
 
-    /// Every event's items, from a stream that reads text deltas by their
-    /// layout and from one made to parse every event.
-    fn items_both_ways(body: &Value, data: &[&str]) -> (Vec<Vec<StreamItem>>, Vec<Vec<StreamItem>>) {
+    /// Every event's items, one event after the other through one stream.
+    fn items_of(body: &Value, data: &[&str]) -> Vec<Vec<StreamItem>> {
         let req = chat(body.clone());
-        let mut by_layout = AnthropicStream::new(&req);
-        let mut parsed = AnthropicStream::new(&req).parsing_every_event();
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for d in data {
-            let event = SseEvent {
-                data: d,
-                multiline: false,
-            };
-            let (mut x, mut y) = (Vec::new(), Vec::new());
-            by_layout.on_event(&event, &mut x);
-            parsed.on_event(&event, &mut y);
-            a.push(x);
-            b.push(y);
-        }
-        (a, b)
+        let mut stream = AnthropicStream::new(&req);
+        data.iter()
+            .map(|d| {
+                let mut items = Vec::new();
+                let event = SseEvent {
+                    data: d,
+                    multiline: false,
+                };
+                stream.on_event(&event, &mut items);
+                items
+            })
+            .collect()
     }
 
     #[test]
-    fn text_deltas_read_by_their_layout_are_the_deltas_parsed() {
-        let mut data: Vec<String> = Vec::new();
-        for fixture in [
-            include_str!("../../tests/fixtures/anthropic/message_stream.sse"),
-            include_str!("../../tests/fixtures/anthropic/message_stream_tool_use.sse"),
-            include_str!("../../tests/fixtures/anthropic/message_stream_parallel_tool_use.sse"),
-        ] {
-            data.extend(
-                fixture
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data: "))
-                    .map(str::to_string),
-            );
-        }
-        let delta = |index: u32, text: &str, tail: &str| {
-            format!(
-                r#"{{"type":"content_block_delta","index":{index},"delta":{{"type":"text_delta","text":{text}{tail}"#
-            )
-        };
-        for (text, tail) in [
-            (r#""one""#, "}}"),
-            (r#""two, \"escaped\" \u00e9 \ud83d\ude00""#, "}   }"),
-            (r#""trailing""#, "}} x"),
-            (r#""unclosed""#, "}"),
-            (r#""three""#, "}}"),
-            (r#""""#, "}\n}\t"),
-            (r#""lone \udc00""#, "}}"),
-            (r#""bad \q""#, "}}"),
-            ("null", "}}"),
-            (r#""extra member after""#, r#"},"x":1}"#),
-            (r#""after the odd ones""#, "}}"),
-        ] {
-            data.push(delta(0, text, tail));
-        }
-        data.push(delta(1, r#""another block""#, "}}"));
-        data.push(delta(1, r#""same block""#, "}}"));
-        data.push(
-            r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"dup","text":"x"}}"#.into(),
-        );
-        data.push(
-            r#"{"type":"content_block_delta","index":1,"delta":{"text":"type last","type":"text_delta"}}"#.into(),
-        );
-        data.push(
-            r#"{"type":"content_block_delta","index":1,"delta":{"text":"type last again","type":"text_delta"}}"#.into(),
-        );
-        let data: Vec<&str> = data.iter().map(String::as_str).collect();
-        let json_mode = json!({"model": "claude/x", "messages": [{"role": "user", "content": "hi"}],
-            "response_format": {"type": "json_object"}});
-        for body in [hi(), json_mode] {
-            let (by_layout, parsed) = items_both_ways(&body, &data);
-            assert_eq!(by_layout, parsed);
-            let texts = by_layout
-                .iter()
-                .flatten()
-                .filter(|i| matches!(i, StreamItem::Content { .. }));
-            assert!(texts.count() > 20);
-        }
-    }
-
-    #[test]
-    fn events_read_by_a_walk_are_the_events_serde_reads() {
+    fn message_start_and_delta_read_their_usage_and_stop_reason_or_fail() {
         let start = r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":7,"output_tokens":1}}}"#;
         let delta = r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":9}}"#;
         let data = [
@@ -1635,7 +1469,6 @@ mod tests {
             r#"{"type":"message_delta","delta":{},"usage":{"output_tokens":-1}}"#,
             r#"{"type":"message_delta","delta":{},"delta":{}}"#,
             r#"{"type":"message_delta","delta":{},"content_block":[1,2],"message":"m"}"#,
-            // What the walk leaves to serde, or must read as serde does.
             r#"{"type":"message_start","message":{"usage":{"input_tokens":1,"input_tokens":2}}}"#,
             r#"{"type":"message_start","message":{"usage":{"input_tokens":null,"input_tokens":3}}}"#,
             r#"{"type":"message_start","message":{"usage":{"input_tokens":null,"output_tokens":null}}}"#,
@@ -1663,15 +1496,14 @@ mod tests {
             "response_format": {"type": "json_object"}});
         // In JSON mode the `end_turn` is an error too: the text is no object.
         for (body, expected_errors) in [(hi(), 24), (json_mode, 25)] {
-            let (short, parsed) = items_both_ways(&body, &data);
-            assert_eq!(short, parsed);
-            let errors = short.iter().flatten().filter(|i| matches!(i, StreamItem::Error(_)));
-            assert_eq!(errors.count(), expected_errors, "{short:?}");
+            let items = items_of(&body, &data);
+            let errors = items.iter().flatten().filter(|i| matches!(i, StreamItem::Error(_)));
+            assert_eq!(errors.count(), expected_errors, "{items:?}");
         }
     }
 
     #[test]
-    fn events_read_by_the_layout_of_one_read_before_are_the_events_parsed() {
+    fn events_with_odd_values_or_trailing_bytes_read_or_fail_whole() {
         let start = |id: &str, usage: &str| {
             format!(
                 r#"{{"type":"message_start","message":{{"model":"claude-x","id":{id},"type":"message","role":"assistant","content":[],"stop_reason":null,"usage":{usage}}}   }}"#
@@ -1739,39 +1571,9 @@ mod tests {
         let json_mode = json!({"model": "claude/x", "messages": [{"role": "user", "content": "hi"}],
             "response_format": {"type": "json_object"}});
         for (body, expected_errors) in [(hi(), 9), (json_mode, 11)] {
-            let (by_layout, parsed) = items_both_ways(&body, &data);
-            assert_eq!(by_layout, parsed);
-            let errors = by_layout.iter().flatten().filter(|i| matches!(i, StreamItem::Error(_)));
-            assert_eq!(errors.count(), expected_errors, "{by_layout:?}");
-        }
-    }
-
-    /// The layouts a stream learns reading `input`.
-    fn learned_from(req: &ParsedRequest, input: &[u8]) -> Layouts {
-        let mut stream = AnthropicStream::new(req);
-        let (mut items, mut rest) = (Vec::new(), input);
-        let mut decoder = crate::sse::SseDecoder::default();
-        while let Ok(Some(event)) = decoder.next(&mut rest) {
-            stream.on_event(&event, &mut items);
-        }
-        stream.layouts
-    }
-
-    #[test]
-    fn layouts_read_every_event_laid_out_alike_whatever_its_values() {
-        let req = chat(hi());
-        let recorded = include_str!("../../tests/fixtures/anthropic/message_stream.sse");
-        // The provider's next stream: another id, other counts, other text.
-        let next = recorded
-            .replace("msg_01R8GdyyLQUhUfyjqSCMbnWg", "msg_01XFDUDYJgAACzvnptvVoYEL")
-            .replace(r#""input_tokens":16"#, r#""input_tokens":1234"#)
-            .replace(r#""output_tokens":38"#, r#""output_tokens":7"#)
-            .replace("Olá! (", "Bom dia \\\"")
-            .replace(r#""end_turn""#, r#""max_tokens""#);
-        let mut layouts = learned_from(&req, recorded.as_bytes());
-        let mut spans = Vec::new();
-        for data in next.lines().filter_map(|l| l.strip_prefix("data: ")) {
-            assert!(layouts.read(data, &mut spans).is_some(), "{data}");
+            let items = items_of(&body, &data);
+            let errors = items.iter().flatten().filter(|i| matches!(i, StreamItem::Error(_)));
+            assert_eq!(errors.count(), expected_errors, "{items:?}");
         }
     }
 

@@ -32,10 +32,6 @@ use crate::request::{ParsedRequest, bad_value};
 use crate::sse::SseEvent;
 use crate::usage::Usage;
 
-mod text_chunk;
-mod walked;
-use text_chunk::TextChunk;
-
 /// Google's documented stand-in for a thought signature, for function calls
 /// that did not come from Gemini (another provider answered that turn, or
 /// the client made the id up). Gemini 3 refuses such calls without one.
@@ -577,21 +573,6 @@ pub struct GeminiStream {
     /// `n`: how many candidates must finish.
     expected: u64,
     candidates: Vec<CandidateState>,
-    layouts: Layouts,
-    /// Where a chunk's tokens are (scratch, for each way of reading).
-    spans: Vec<(usize, usize)>,
-    found: Vec<walked::Span>,
-    /// Whether chunks may be read by a walk and by the last one's layout
-    /// (see [`Self::parsing_every_event`]).
-    shortcuts: bool,
-}
-
-/// The layouts of the last text chunk and the last finishing chunk the
-/// walk read (each a `TextChunk`), which later chunks are read by.
-#[derive(Default)]
-pub struct Layouts {
-    text: Option<TextChunk>,
-    finishing: Option<TextChunk>,
 }
 
 #[derive(Default, Clone)]
@@ -606,44 +587,7 @@ impl GeminiStream {
             // Built when the request was: the body was read then.
             expected: request.body().map_or(1, chat::n).clamp(1, MAX_CANDIDATES),
             candidates: Vec::new(),
-            layouts: Layouts::default(),
-            spans: Vec::new(),
-            found: Vec::new(),
-            shortcuts: true,
         }
-    }
-
-    /// The same stream with every chunk read by serde: what reading chunks
-    /// by a walk and by the last one's layout must agree with (the tests
-    /// and the fuzz targets compare the two).
-    pub fn parsing_every_event(mut self) -> Self {
-        self.shortcuts = false;
-        self
-    }
-
-    /// A chunk read the short ways: by a known layout, else by a walk
-    /// (which leaves its layout for the next); `None`: serde's to read.
-    fn read_short(&mut self, data: &str) -> Option<WireResponse> {
-        if !self.shortcuts {
-            return None;
-        }
-        for layout in [&self.layouts.text, &self.layouts.finishing].into_iter().flatten() {
-            if let Some(response) = layout.read(data, &mut self.spans) {
-                return Some(response);
-            }
-        }
-        let response = walked::response(data, &mut self.found);
-        if let Some(layout) = response
-            .as_ref()
-            .and_then(|response| TextChunk::of(data, response, &self.found))
-        {
-            let slot = match layout.finishing() {
-                true => &mut self.layouts.finishing,
-                false => &mut self.layouts.text,
-            };
-            *slot = Some(layout);
-        }
-        response
     }
 
     fn state(&mut self, index: u64) -> Option<&mut CandidateState> {
@@ -666,14 +610,9 @@ impl GeminiStream {
 
 impl StreamTranslator for GeminiStream {
     fn on_event(&mut self, event: &SseEvent<'_>, items: &mut Vec<StreamItem>) {
-        // Read the short ways, or straight into the wire type by serde; an
-        // error event, or one that does not read, goes through a DOM to say
-        // which it is.
-        let read = match self.read_short(event.data) {
-            Some(response) => Ok(response),
-            None => serde_json::from_str::<WireResponse>(event.data),
-        };
-        let response = match read {
+        // Read straight into the wire type; an error event, or one that
+        // does not read, goes through a DOM to say which it is.
+        let response = match serde_json::from_str::<WireResponse>(event.data) {
             Ok(response) if !response.error => response,
             _ => {
                 let value = match json_event(event.data) {
@@ -1328,244 +1267,6 @@ mod tests {
         let cut = input.rfind("data: ").unwrap();
         let events = stream(&b, &input.as_bytes()[..cut], true);
         assert!(events.last().unwrap().contains("stream_interrupted"));
-    }
-
-    #[test]
-    fn chunks_read_by_a_walk_are_the_chunks_serde_reads() {
-        let text =
-            |part: &str| format!(r#"{{"candidates":[{{"content":{{"parts":[{part}],"role":"model"}},"index":0}}]}}"#);
-        let mut data: Vec<String> = [
-            r#"{"text":"plain"}"#,
-            r#"{"text":"esc\"aped\n \u00e9 \ud83d\ude00"}"#,
-            r#"{"text":"lone \udc00"}"#,
-            r#"{"text":null}"#,
-            r#"{"text":5}"#,
-            r#"{"text":"a","text":"b"}"#,
-            r#"{"text":"hidden","thought":true}"#,
-            r#"{"text":"shown","thought":false,"thoughtSignature":"c2ln"}"#,
-            r#"{"text":"t","thought":null}"#,
-            r#"{"text":"t","thought":1}"#,
-            r#"{"text":"t","functionCall":null}"#,
-            r#"{"functionCall":{"name":"f","args":{"a":[1,2]}},"thoughtSignature":"c2ln"}"#,
-            r#"{"text":"x"},{"text":"y"}"#,
-            "null",
-            r#"["text"]"#,
-        ]
-        .iter()
-        .map(|part| text(part))
-        .collect();
-        for chunk in [
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":3,"candidatesTokenCount":4,"thoughtsTokenCount":5,"toolUsePromptTokenCount":6,"x":[{}]},"responseId":"r"}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"finishReason":"MAX_TOKENS","index":1}]}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":0,"index":1}]}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":1.0}]}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":-0}]}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":null}]}"#,
-            r#"{"candidates":[{"content":{"parts":null}}]}"#,
-            r#"{"candidates":[{"content":{"role":"model"}}]}"#,
-            r#"{"candidates":[{"content":null,"finishReason":"SAFETY"}]}"#,
-            r#"{"candidates":[{"content":{"parts":[]},"content":{"parts":[]}}]}"#,
-            r#"{"candidates":[null]}"#,
-            r#"{"candidates":null,"promptFeedback":{"blockReason":"SAFETY"}}"#,
-            r#"{"candidates":[],"promptFeedback":{"blockReason":null}}"#,
-            r#"{"promptFeedback":{"blockReason":"OTHER","blockReason":"X"}}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":1,"promptTokenCount":2}}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":null,"promptTokenCount":2}}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":18446744073709551616}}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"totalTokenCount":1,"totalTokenCount":2.5e1}}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":null,"responseId":null}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"responseId":"r\u0031"}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"error":null}"#,
-            r#"{"error":{"code":429,"message":"slow down","status":"RESOURCE_EXHAUSTED"}}"#,
-            r#"{"candid\u0061tes":[{"content":{"parts":[{"text":"escaped name"}]}}]}"#,
-            r#"{"candidates":[{"content":{"parts":[{"text":"a"}]}}]} x"#,
-            r#"[{"candidates":[]}]"#,
-        ] {
-            data.push(chunk.to_string());
-        }
-        let body = json!({"model": "g/x", "n": 2, "messages": [{"role": "user", "content": "hi"}], "stream": true});
-        let req = chat(body);
-        let (mut errors, mut texts) = (0, 0);
-        for d in &data {
-            // Each chunk opens a stream of its own: no layout is at play.
-            let mut walked = GeminiStream::new(&req);
-            let mut parsed = GeminiStream::new(&req).parsing_every_event();
-            let event = SseEvent {
-                data: d,
-                multiline: false,
-            };
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            walked.on_event(&event, &mut a);
-            parsed.on_event(&event, &mut b);
-            assert_eq!(a, b, "{d}");
-            errors += a.iter().filter(|i| matches!(i, StreamItem::Error(_))).count();
-            texts += a.iter().filter(|i| matches!(i, StreamItem::Content { .. })).count();
-        }
-        assert!(errors >= 10 && texts >= 15, "{errors} errors, {texts} texts");
-    }
-
-    #[test]
-    fn chunks_read_by_the_last_ones_layout_are_the_chunks_parsed() {
-        let mut data: Vec<String> = Vec::new();
-        for fixture in [
-            include_str!("../../tests/fixtures/gemini/stream_generate_content.sse"),
-            include_str!("../../tests/fixtures/gemini/stream_generate_content_parallel_function_calls.sse"),
-        ] {
-            data.extend(
-                fixture
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data: "))
-                    .map(str::to_string),
-            );
-        }
-        let chunk = |text: &str, usage: &str| {
-            format!(
-                r#"{{"candidates": [{{"content": {{"parts": [{{"text": {text}}}],"role": "model"}},"index": 0}}],"usageMetadata": {{{usage},"promptTokensDetails": [{{"modality": "TEXT","tokenCount": 7}}]}},"responseId": "r1"}}"#
-            )
-        };
-        let counts = r#""promptTokenCount": 7,"candidatesTokenCount": 3,"totalTokenCount": 10"#;
-        for (text, usage) in [
-            (r#""one""#, counts),
-            (
-                r#""two""#,
-                r#""promptTokenCount": 7,"candidatesTokenCount": 4,"totalTokenCount": 11"#,
-            ),
-            (r#""esc\"aped \u00e9 \ud83d\ude00\n""#, counts),
-            (r#""lone \udc00""#, counts),
-            (r#""bad \q""#, counts),
-            ("null", counts),
-            ("5", counts),
-            (r#""""#, counts),
-            (
-                r#""count with a fraction""#,
-                r#""promptTokenCount": 7,"candidatesTokenCount": 4.5,"totalTokenCount": 11"#,
-            ),
-            (
-                r#""negative""#,
-                r#""promptTokenCount": 7,"candidatesTokenCount": -4,"totalTokenCount": 11"#,
-            ),
-            (
-                r#""unread number any""#,
-                r#""promptTokenCount": 7,"candidatesTokenCount": 4,"totalTokenCount": -1.5e3"#,
-            ),
-            (
-                r#""too big""#,
-                r#""promptTokenCount": 18446744073709551616,"candidatesTokenCount": 4,"totalTokenCount": 11"#,
-            ),
-            (
-                r#""count as text""#,
-                r#""promptTokenCount": "7","candidatesTokenCount": 4,"totalTokenCount": 11"#,
-            ),
-            (r#""after the odd ones""#, counts),
-            (
-                r#""null count""#,
-                r#""promptTokenCount": null,"candidatesTokenCount": 4,"totalTokenCount": 11"#,
-            ),
-            (
-                r#""null again""#,
-                r#""promptTokenCount": null,"candidatesTokenCount": 5,"totalTokenCount": 12"#,
-            ),
-            (
-                r#""thoughts""#,
-                r#""promptTokenCount": 1,"thoughtsTokenCount": 9,"toolUsePromptTokenCount": 2"#,
-            ),
-            (
-                r#""thoughts again""#,
-                r#""promptTokenCount": 1,"thoughtsTokenCount": 10,"toolUsePromptTokenCount": 3"#,
-            ),
-        ] {
-            data.push(chunk(text, usage));
-        }
-        let one = chunk(r#""x""#, counts);
-        for other in [
-            one.replacen(r#""text": "x""#, r#""text": "x","thought": true"#, 1),
-            one.replacen(r#""text": "x""#, r#""text": "y","text": "x""#, 1),
-            one.replacen(r#""index": 0"#, r#""index": 0,"finishReason": "MAX_TOKENS""#, 1),
-            one.replacen(r#""responseId": "r1""#, r#""responseId": "r1","error": null"#, 1),
-            format!("{one}   "),
-            format!("{one} x"),
-            one.replacen("usageMetadata", r"usageMetad\u0061ta", 1),
-            r#"{"usageMetadata": {"candidatesTokenCount": 2},"candidates": [{"content": {"parts": [{"text": "usage first"}]}}]}"#.into(),
-            r#"{"usageMetadata": {"candidatesTokenCount": 3},"candidates": [{"content": {"parts": [{"text": "and again"}]}}]}"#.into(),
-            chunk(r#""last""#, counts),
-            // Another stream's response id, plain, escaped, not a string.
-            one.replacen(r#""r1""#, r#""r2""#, 1),
-            one.replacen(r#""r1""#, r#""r3""#, 1),
-            one.replacen(r#""r1""#, "null", 1),
-            one.replacen(r#""r1""#, "4", 1),
-            // Finishing chunks: learned, then read with other reasons and ids.
-            one.replacen(r#""index": 0"#, r#""finishReason": "STOP","index": 0"#, 1),
-            one.replacen(r#""index": 0"#, r#""finishReason": "SAFETY","index": 0"#, 1)
-                .replacen(r#""r1""#, r#""r5""#, 1),
-            one.replacen(r#""index": 0"#, r#""finishReason": "STOP","index": 0"#, 1),
-            one.replacen(r#""index": 0"#, r#""finishReason": null,"index": 0"#, 1),
-            one.replacen(r#""index": 0"#, r#""finishReason": 1,"index": 0"#, 1),
-            one.replacen(r#""index": 0"#, r#""finishReason": "MALFORMED_FUNCTION_CALL","index": 0"#, 1),
-        ] {
-            data.push(other);
-        }
-        let body = json!({"model": "g/x", "messages": [{"role": "user", "content": "hi"}], "stream": true});
-        let req = chat(body);
-        let mut by_layout = GeminiStream::new(&req);
-        let mut parsed = GeminiStream::new(&req).parsing_every_event();
-        let (mut errors, mut texts) = (0, 0);
-        for d in &data {
-            let event = SseEvent {
-                data: d,
-                multiline: false,
-            };
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            by_layout.on_event(&event, &mut a);
-            parsed.on_event(&event, &mut b);
-            assert_eq!(a, b, "{d}");
-            errors += a.iter().filter(|i| matches!(i, StreamItem::Error(_))).count();
-            texts += a.iter().filter(|i| matches!(i, StreamItem::Content { .. })).count();
-            if a.iter().any(|i| matches!(i, StreamItem::Error(_) | StreamItem::Done)) {
-                // The stream ended: the next chunks start another (the layout kept).
-                by_layout.candidates.clear();
-                parsed.candidates.clear();
-            }
-        }
-        assert!(errors >= 8 && texts >= 15, "{errors} errors, {texts} texts");
-    }
-
-    /// The recorded stream with another response id, text and counts: what
-    /// the provider's next stream looks like.
-    fn next_stream() -> String {
-        include_str!("../../tests/fixtures/gemini/stream_generate_content.sse")
-            .replace("XgCzaazDItHRz7IPmsmB4Qk", "b2xhIGdlbWluaSBzdHJlYW0")
-            .replace("The sum of ", "Twice \\u00e9 ")
-            .replace(
-                r#""candidatesTokenCount": 20,"totalTokenCount": 238"#,
-                r#""candidatesTokenCount": 7,"totalTokenCount": 225"#,
-            )
-    }
-
-    /// The layouts a stream learns reading `input`.
-    fn learned_from(req: &ParsedRequest, input: &[u8]) -> Layouts {
-        let mut stream = GeminiStream::new(req);
-        let (mut items, mut rest) = (Vec::new(), input);
-        let mut decoder = crate::sse::SseDecoder::default();
-        while let Ok(Some(event)) = decoder.next(&mut rest) {
-            stream.on_event(&event, &mut items);
-        }
-        stream.layouts
-    }
-
-    #[test]
-    fn layouts_read_chunks_laid_out_alike_whatever_their_values() {
-        let req = chat(hi());
-        let recorded = include_bytes!("../../tests/fixtures/gemini/stream_generate_content.sse");
-        let layouts = learned_from(&req, recorded);
-        let next = next_stream();
-        let chunks: Vec<&str> = next.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
-        let mut spans = Vec::new();
-        let text = layouts.text.as_ref().expect("a text layout");
-        let finishing = layouts.finishing.as_ref().expect("a finishing layout");
-        assert!(text.read(chunks[0], &mut spans).is_some());
-        assert!(text.read(chunks[1], &mut spans).is_some());
-        assert!(text.read(chunks[2], &mut spans).is_none());
-        assert!(finishing.read(chunks[2], &mut spans).is_some());
     }
 
     #[test]

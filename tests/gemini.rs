@@ -1,17 +1,15 @@
 //! A Gemini-backed model through the compiled filter, against the fake
 //! generativelanguage API (which checks requests like the real one:
 //! `x-goog-api-key`, proto field names, non-empty parts, roles, function
-//! response turns matching the call turn). The client must not be able to
-//! tell it from an OpenAI model, but for `x-waygate-provider`.
+//! response turns matching the call turn): what the Gemini API gets and
+//! gives its own way. What every provider API does alike is in
+//! `tests/providers.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 mod common;
 
-use common::{
-    DEV_KEY, Gateway, ask, assert_a_cut_stream_never_ends_with_done, assert_legacy_completions_go_through_chat,
-    stream_chunks,
-};
+use common::{DEV_KEY, Gateway, ask, stream_chunks};
 use serde_json::{Value, json};
 
 fn tools() -> Value {
@@ -32,29 +30,6 @@ fn text_of(chunks: &[Value], index: u64) -> String {
         .filter(|c| c["index"] == index)
         .filter_map(|c| c["delta"]["content"].as_str().map(str::to_string))
         .collect()
-}
-
-#[test]
-fn a_chat_request_is_answered_in_openai_shape() {
-    let gw = Gateway::start();
-    let r = gw.chat(ask("fakegemini/ok"));
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("content-type"), Some("application/json"));
-    assert_eq!(r.header("x-waygate-provider"), Some("fakegemini"));
-    assert_eq!(r.header("x-waygate-attempts"), Some("fakegemini:200"));
-    let v = r.json();
-    assert_eq!(v["object"], "chat.completion");
-    assert_eq!(v["model"], "fakegemini/ok");
-    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl_"));
-    assert_eq!(
-        v["choices"],
-        json!([{"index": 0, "logprobs": null, "finish_reason": "stop",
-            "message": {"role": "assistant", "content": "Hello from gemini fake."}}])
-    );
-    assert_eq!(
-        v["usage"],
-        json!({"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6})
-    );
 }
 
 #[test]
@@ -103,7 +78,7 @@ fn the_model_name_cannot_steer_the_upstream_path() {
 }
 
 #[test]
-fn tool_calls_come_back_in_openai_shape_and_the_conversation_goes_on() {
+fn tools_and_results_reach_the_provider_as_declarations_and_function_responses() {
     let gw = Gateway::start();
     let mut body = ask("fakegemini/tool");
     body["tools"] = tools();
@@ -144,73 +119,17 @@ fn tool_calls_come_back_in_openai_shape_and_the_conversation_goes_on() {
 }
 
 #[test]
-fn a_parallel_tool_call_stream_has_tool_call_indexes_zero_and_one() {
+fn a_stream_asks_for_stream_generate_content_as_sse() {
     let gw = Gateway::start();
-    let mut body = ask("fakegemini/tools");
-    body["tools"] = tools();
+    let mut body = ask("fakegemini/long-2");
     body["stream"] = json!(true);
-    let r = gw.chat(body);
-    let (chunks, done) = stream_chunks(&r, "fakegemini/tools");
-    assert!(done);
+    let (chunks, done) = stream_chunks(&gw.chat(body), "fakegemini/long-2");
+    assert!(done, "Gemini has no terminal event: the finish reason ends the stream");
+    assert_eq!(text_of(&chunks, 0), "word1 word2");
     assert_eq!(
         gw.fakes.received()[0].path,
-        "/v1beta/models/tools:streamGenerateContent?alt=sse"
+        "/v1beta/models/long-2:streamGenerateContent?alt=sse"
     );
-    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    let deltas: Vec<&Value> = chunks
-        .iter()
-        .filter_map(|c| c.pointer("/choices/0/delta/tool_calls").and_then(Value::as_array))
-        .flatten()
-        .collect();
-    assert_eq!(deltas.len(), 2, "{chunks:?}");
-    assert_eq!(
-        (deltas[0]["index"].as_u64(), deltas[1]["index"].as_u64()),
-        (Some(0), Some(1))
-    );
-    assert_eq!(
-        (&deltas[0]["function"]["name"], &deltas[1]["function"]["name"]),
-        (&json!("add"), &json!("multiply"))
-    );
-    assert_ne!(deltas[0]["id"], deltas[1]["id"]);
-    for d in &deltas {
-        assert_eq!(d["type"], "function");
-        let args: Value = serde_json::from_str(d["function"]["arguments"].as_str().unwrap()).unwrap();
-        assert!(args.is_object());
-    }
-    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
-}
-
-#[test]
-fn a_text_stream_has_role_first_usage_when_asked_and_done_last() {
-    let gw = Gateway::start();
-    let mut body = ask("fakegemini/long-6");
-    body["stream"] = json!(true);
-    body["stream_options"] = json!({"include_usage": true});
-    let r = gw.chat(body);
-    let (chunks, done) = stream_chunks(&r, "fakegemini/long-6");
-    assert!(done, "Gemini has no terminal event: the finish reason ends the stream");
-    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert_eq!(text_of(&chunks, 0), "word1 word2 word3 word4 word5 word6");
-    let n = chunks.len();
-    assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "stop");
-    assert_eq!(chunks[n - 1]["choices"], json!([]));
-    assert_eq!(
-        chunks[n - 1]["usage"],
-        json!({"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8})
-    );
-    for c in &chunks[..n - 1] {
-        assert!(c.get("usage").is_none());
-    }
-}
-
-#[test]
-fn max_tokens_cuts_the_answer_with_finish_reason_length() {
-    let gw = Gateway::start();
-    let mut body = ask("fakegemini/long-20");
-    body["max_tokens"] = json!(3);
-    let v = gw.chat(body).json();
-    assert_eq!(v["choices"][0]["finish_reason"], "length");
-    assert_eq!(v["choices"][0]["message"]["content"], "word1 word2 word3");
 }
 
 #[test]
@@ -317,63 +236,5 @@ fn gemini_3_history_from_elsewhere_carries_the_signature_stand_in() {
     assert_eq!(
         sent["contents"][1]["parts"][0]["thoughtSignature"],
         "skip_thought_signature_validator"
-    );
-}
-
-#[test]
-fn provider_errors_become_the_contract_envelope() {
-    let gw = Gateway::start();
-    let v = gw
-        .chat(ask("fakegemini/status-400"))
-        .assert_error(400, "invalid_request_error", "INVALID_ARGUMENT", None);
-    assert_eq!(v["error"]["provider"], "fakegemini");
-    assert_eq!(v["error"]["message"], "Request contains an invalid argument.");
-    let r = gw.chat(ask("fakegemini/status-429"));
-    r.assert_error(429, "rate_limit_error", "upstream_rate_limited", None);
-    assert_eq!(r.header("retry-after"), Some("7"));
-    assert_eq!(r.header("x-waygate-attempts"), Some("fakegemini:429"));
-    gw.chat(ask("fakegemini/status-503"))
-        .assert_error(502, "upstream_error", "upstream_error", None);
-    gw.chat(ask("fakegemini/garbage"))
-        .assert_error(502, "upstream_error", "invalid_upstream_response", None);
-}
-
-#[test]
-fn an_error_chunk_ends_the_stream_with_one_error_event() {
-    let gw = Gateway::start();
-    let mut body = ask("fakegemini/stream-error");
-    body["stream"] = json!(true);
-    let (chunks, done) = stream_chunks(&gw.chat(body), "fakegemini/stream-error");
-    assert!(!done);
-    assert_eq!(
-        chunks.last().unwrap()["error"],
-        json!({"message": "The model is overloaded. Please try again later.", "type": "upstream_error",
-            "param": null, "code": "stream_interrupted"})
-    );
-    assert_eq!(chunks.iter().filter(|c| c.get("error").is_some()).count(), 1);
-}
-
-#[test]
-fn a_garbage_stream_ends_with_the_error_event() {
-    let gw = Gateway::start();
-    let mut body = ask("fakegemini/garbage");
-    body["stream"] = json!(true);
-    let (chunks, done) = stream_chunks(&gw.chat(body), "fakegemini/garbage");
-    assert!(!done);
-    assert_eq!(chunks.last().unwrap()["error"]["code"], "stream_interrupted");
-}
-
-#[test]
-fn a_stream_cut_mid_way_never_ends_with_done() {
-    assert_a_cut_stream_never_ends_with_done(&Gateway::start(), "fakegemini/cut-3");
-}
-
-#[test]
-fn legacy_completions_go_through_chat_both_ways() {
-    let gw = Gateway::start();
-    let sent = assert_legacy_completions_go_through_chat(&gw, "fakegemini", "Hello from gemini fake.");
-    assert_eq!(
-        sent["contents"],
-        json!([{"role": "user", "parts": [{"text": "Say hello"}]}])
     );
 }

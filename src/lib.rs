@@ -18,10 +18,10 @@
 //! 5. The access log line comes from [`exchange::Exchange::access_log`].
 //!
 //! [`config`] parses the plugin configuration once per VM; [`dom`] reads JSON
-//! into a `Value` literally (no key taken as serde_json's raw-value marker); [`memory`] is the
-//! VM's allocator (installed by the shell); [`members`], [`split`], [`layout`]
-//! and [`scan`] serve the hot paths (targeted JSON rewrites, one-pass reads,
-//! stream events recognised by their layout, word-at-a-time searches).
+//! into a `Value` literally (no key taken as serde_json's raw-value marker);
+//! [`members`], [`split`], [`layout`] and [`scan`] serve the hot paths (targeted
+//! JSON rewrites, one-pass reads, OpenAI chunks recognised by their layout,
+//! word-at-a-time searches).
 
 pub mod answer;
 pub mod attempts;
@@ -36,7 +36,6 @@ pub mod json;
 pub mod layout;
 pub mod limits;
 pub mod members;
-pub mod memory;
 pub mod metrics;
 pub mod providers;
 pub mod redact;

@@ -14,10 +14,6 @@ mod http;
 mod root;
 mod routed;
 
-/// Small blocks from size classes: see [`crate::memory`].
-#[global_allocator]
-static ALLOCATOR: crate::memory::SizeClasses = crate::memory::SizeClasses::new();
-
 proxy_wasm::main! {{
     // Also installs the SDK's panic hook, so a panic (there should be none)
     // is logged at critical before it traps.

@@ -35,7 +35,10 @@
 //! request (`benches/data/chat_1k.json`) at c = 1 and c = 64, and a 20-event SSE answer
 //! (the fake's `long-18`) at c = 16, also timed to its first body byte (TTFB); then
 //! streams of 300 deltas (`long-300`, c = 16) in each provider API, through the filter and
-//! the same provider stream through Envoy alone. Each cell
+//! the same provider stream through Envoy alone; then a streamed answer whose first
+//! candidate answers 503 (`bench/fallback`), through each fallback mode (router fallback in
+//! a sixth Envoy running `envoy/local-router.yaml`, from Envoy 1.39), against the same
+//! stream asked of the second candidate first. Each cell
 //! runs in interleaved rounds, every row in turn, so a noisy neighbour hits them alike.
 //!
 //! Per row and cell: the proxy's CPU per request, the growth of its threads' run time (the
@@ -153,6 +156,26 @@ const LONG_MODEL: &str = "long-300";
 /// Each API's filter cost per long stream within this factor of the OpenAI-compatible one's.
 const LONG_VS_OPENAI: f64 = 1.5;
 
+/// A streamed answer that falls back: the first candidate answers 503, the second
+/// streams `long-100` (100 deltas, ~0.2 s). Through the filter's two fallback modes, and
+/// the same stream asked of the second candidate directly.
+const FALLBACK_STREAMS: Cell = Cell {
+    title: "fallback SSE c = 16",
+    concurrency: 16,
+    streaming: true,
+    requests: 192,
+};
+/// `benches/data/plugin.json`'s model whose first endpoint fails.
+const FALLBACK_MODEL: &str = "bench/fallback";
+const FIRST_ATTEMPT: &str = "waygate, no fallback";
+const HTTP_CALL_FALLBACK: &str = "waygate, http_call fallback";
+const ROUTER_FALLBACK: &str = "waygate, router fallback";
+/// Issue #27: a fallback stream's first byte within a few ms of the next provider's first
+/// event (here: of the same stream asked of it first).
+const FALLBACK_TTFB_ADDED_MS: f64 = 5.0;
+/// The first Envoy with `retry_policy.refresh_cluster_on_retry`, which router fallback needs.
+const ROUTER_FALLBACK_SINCE: (u32, u32) = (1, 39);
+
 const C1: usize = 0;
 const C64: usize = 1;
 const SSE: usize = 2;
@@ -223,7 +246,7 @@ fn run() -> Result<(), Error> {
     )?;
     let plugin: Value = serde_json::from_slice(&std::fs::read(root.join("benches/data/plugin.json"))?)?;
     let envoy = |name: &str, filter: Option<(&Value, &Path)>| -> Result<Proc, Error> {
-        let yaml = bootstrap(&root, fakes.addr, filter)?;
+        let yaml = bootstrap(&root, "envoy/local.yaml", fakes.addr, filter)?;
         start_envoy(&envoy_bin, &yaml, &root, &work, name, pin)
     };
     let envoy_alone = envoy("envoy-alone", None)?;
@@ -346,6 +369,35 @@ fn run() -> Result<(), Error> {
 
     let mut filtered = vec![(WAYGATE, &waygate)];
     filtered.extend(variant.as_ref().map(|p| (VARIANT, p)));
+    let router = if envoy_at_least(&envoy_bin, ROUTER_FALLBACK_SINCE) {
+        let mut routed = plugin.clone();
+        routed["fallback"] = "router".into();
+        let yaml = bootstrap(&root, "envoy/local-router.yaml", fakes.addr, Some((&routed, &wasm)))?;
+        Ok(start_envoy(&envoy_bin, &yaml, &root, &work, "envoy-router", pin)?)
+    } else {
+        Err(format!(
+            "router fallback needs Envoy >= {}.{}",
+            ROUTER_FALLBACK_SINCE.0, ROUTER_FALLBACK_SINCE.1
+        ))
+    };
+    let fallback_rows = fallback_rows(&waygate, router.as_ref().ok(), &body);
+    let mut fallback_events = Vec::new();
+    for row in &fallback_rows {
+        fallback_events.push(
+            rt.block_on(sse_events(row.addr, &row.stream))
+                .map_err(|e| format!("{}: {e}", row.label))?,
+        );
+    }
+    let round = match seconds {
+        Some(s) => Budget::Time(Duration::from_secs_f64(s / ROUNDS as f64)),
+        None => Budget::Requests(FALLBACK_STREAMS.requests / ROUNDS),
+    };
+    let fallback = measure(&rt, &FALLBACK_STREAMS, &fallback_rows, round)?;
+    print_cell(&FALLBACK_STREAMS, &fallback_rows, &fallback, &fallback_events, round);
+    if let Err(why) = &router {
+        println!("  {ROUTER_FALLBACK}: not measured ({why})");
+    }
+
     let long_rows = long_stream_rows(&envoy_alone, &filtered, &body);
     let mut long_events = Vec::new();
     for row in &long_rows {
@@ -375,6 +427,8 @@ fn run() -> Result<(), Error> {
         idle_rss: &idle_rss,
         long_rows: &long_rows,
         long: &long,
+        fallback_rows: &fallback_rows,
+        fallback: &fallback,
     };
     figures.print_verdicts(wasm_bytes, &tensorzero);
 
@@ -514,6 +568,9 @@ struct Figures<'a> {
     /// The long-stream cell, which has rows of its own.
     long_rows: &'a [Row],
     long: &'a [Measured],
+    /// The fallback cell, which has rows of its own.
+    fallback_rows: &'a [Row],
+    fallback: &'a [Measured],
 }
 
 impl Figures<'_> {
@@ -554,6 +611,13 @@ impl Figures<'_> {
                 .map_or(f64::NAN, |m| m.cpu_us_per_request())
         };
         cpu(format!("{filter}, {api}")) - cpu(format!("{ENVOY_ALONE}, {api}"))
+    }
+
+    /// TTFB p50 (ms) of a fallback-cell row; NaN when it did not run.
+    fn fallback_ttfb(&self, label: &str) -> f64 {
+        let row = self.fallback_rows.iter().position(|r| r.label == label);
+        row.and_then(|i| self.fallback.get(i))
+            .map_or(f64::NAN, |m| m.stats.first(0.5) / 1e6)
     }
 
     fn idle_mib(&self, label: &str) -> f64 {
@@ -616,6 +680,17 @@ impl Figures<'_> {
                 self.idle_mib(VARIANT) - self.idle_mib(WAYGATE),
             );
         }
+
+        let first = self.fallback_ttfb(FIRST_ATTEMPT);
+        let (by_call, by_router) = (
+            self.fallback_ttfb(HTTP_CALL_FALLBACK),
+            self.fallback_ttfb(ROUTER_FALLBACK),
+        );
+        println!(
+            "  a fallback stream's first byte after the first attempt's: http_call {:+.3} ms, router {:+.3} ms",
+            by_call - first,
+            by_router - first
+        );
 
         let c64_vs_envoy = self.rps(C64, WAYGATE) / self.rps(C64, ENVOY_ALONE);
         let sse_vs_envoy = self.rps(SSE, WAYGATE) / self.rps(SSE, ENVOY_ALONE);
@@ -700,6 +775,17 @@ impl Figures<'_> {
         for (target, verdict) in verdicts {
             println!("  {}", verdict.line(&target));
         }
+        let target =
+            format!("router fallback stream's TTFB p50 within {FALLBACK_TTFB_ADDED_MS} ms of a first attempt's");
+        let verdict = if by_router.is_nan() {
+            Verdict::NotMeasured("router fallback not measured in this Envoy".into())
+        } else {
+            Verdict::judge(
+                by_router - first <= FALLBACK_TTFB_ADDED_MS,
+                format!("{:+.3} ms ({by_router:.3} against {first:.3} ms)", by_router - first),
+            )
+        };
+        println!("issue #27 target, this run:\n  {}", verdict.line(&target));
     }
 }
 
@@ -816,6 +902,13 @@ fn wasm_warnings(wasm: &Path) -> Vec<String> {
 }
 
 /// `envoy --version`'s release number, say `1.40.0`.
+/// Whether the Envoy at `envoy` is `(major, minor)` or later.
+fn envoy_at_least(envoy: &Path, (major, minor): (u32, u32)) -> bool {
+    let version = envoy_version(envoy);
+    let mut parts = version.split('.').map(|n| n.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
 fn envoy_version(envoy: &Path) -> String {
     let out = Command::new(envoy).arg("--version").output();
     let text = out
@@ -857,8 +950,11 @@ fn rss_kib(pid: u32) -> Option<u64> {
 /// `envoy/local.yaml` with ports 0, the `fake` cluster on the fake upstream, and no access
 /// log. With `filter` (the plugin configuration and the `.wasm`), the wasm filter reads
 /// them; without, it is removed and the `fake` route matches every request.
-fn bootstrap(root: &Path, fake: SocketAddr, filter: Option<(&Value, &Path)>) -> Result<String, Error> {
-    let text = std::fs::read_to_string(root.join("envoy/local.yaml"))?;
+/// `file` (`envoy/local.yaml` or `envoy/local-router.yaml`) with ephemeral ports, no access
+/// log, the fake provider's address, and either the filter with `plugin` and the module at
+/// `wasm` (also in every cluster's upstream role) or no filter at all.
+fn bootstrap(root: &Path, file: &str, fake: SocketAddr, filter: Option<(&Value, &Path)>) -> Result<String, Error> {
+    let text = std::fs::read_to_string(root.join(file))?;
     let mut doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
     doc["admin"]["address"]["socket_address"]["port_value"] = 0.into();
     let listener = &mut doc["static_resources"]["listeners"][0];
@@ -896,9 +992,26 @@ fn bootstrap(root: &Path, fake: SocketAddr, filter: Option<(&Value, &Path)>) -> 
     let clusters = doc["static_resources"]["clusters"]
         .as_sequence_mut()
         .ok_or("no clusters in envoy/local.yaml")?;
-    for cluster in clusters.iter_mut().filter(|c| c["name"] == "fake") {
-        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
-            fake.port().into();
+    for cluster in clusters.iter_mut() {
+        if cluster["name"] == "fake" {
+            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
+                fake.port().into();
+        }
+        // The router-fallback bootstrap's upstream role loads the same module. (Looked up,
+        // not indexed: indexing a YAML mapping adds what it lacks.)
+        let upstream = cluster
+            .get_mut("typed_extension_protocol_options")
+            .and_then(|o| o.get_mut("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"))
+            .and_then(|o| o.get_mut("http_filters"))
+            .and_then(serde_yaml::Value::as_sequence_mut);
+        for role in upstream.into_iter().flatten() {
+            if let Some((_, wasm)) = filter
+                && role["name"] == "waygate_upstream"
+            {
+                role["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
+                    wasm.to_string_lossy().into_owned().into();
+            }
+        }
     }
     Ok(serde_yaml::to_string(&doc)?)
 }
@@ -1366,6 +1479,32 @@ async fn sse_events(addr: SocketAddr, request: &[u8]) -> Result<usize, Error> {
     } else {
         Err(format!("the stream did not end: {text}").into())
     }
+}
+
+/// The fallback cell's rows: the second candidate's stream asked of it first, and the
+/// model whose first candidate fails through each fallback mode.
+fn fallback_rows(waygate: &Proc, router: Option<&Proc>, body: &Value) -> Vec<Row> {
+    let stream = |model: &str| {
+        let b = json!({"model": model, "stream": true, "messages": body["messages"]});
+        http(
+            "/api/v1/chat/completions",
+            &[("authorization", "Bearer wg-dev-key")],
+            &b,
+        )
+    };
+    let row = |label: &str, proxy: &Proc, model: &str| Row {
+        label: label.into(),
+        addr: proxy.addr,
+        chat: Vec::new(),
+        stream: stream(model),
+        proxy: Some(proxy.pid()),
+    };
+    let mut rows = vec![
+        row(FIRST_ATTEMPT, waygate, "fake/long-100"),
+        row(HTTP_CALL_FALLBACK, waygate, FALLBACK_MODEL),
+    ];
+    rows.extend(router.map(|r| row(ROUTER_FALLBACK, r, FALLBACK_MODEL)));
+    rows
 }
 
 /// The provider APIs of the long-stream cell, as its row labels name them.

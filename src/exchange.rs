@@ -433,7 +433,14 @@ impl Exchange {
             return self.prepare_attempts(&cfg, &model, &keyless);
         }
         match self.next_upstream() {
-            Some((provider, upstream)) => Ok(self.forward(&cfg, provider, upstream)),
+            Some((index, upstream)) => {
+                // next_upstream found it there; were it gone, nothing is sent.
+                let provider = cfg
+                    .providers
+                    .get(index)
+                    .ok_or_else(|| internal("a candidate's provider is gone"))?;
+                Ok(self.forward(&cfg, provider, upstream))
+            }
             None => Err(self
                 .refusal
                 .take()
@@ -469,14 +476,7 @@ impl Exchange {
         None
     }
 
-    fn forward(&mut self, cfg: &Config, provider: usize, upstream: UpstreamRequest) -> Forward {
-        let Some(provider) = cfg.providers.get(provider) else {
-            return Forward {
-                remove: Vec::new(),
-                set: Vec::new(),
-                body: Some(upstream.body),
-            };
-        };
+    fn forward(&self, cfg: &Config, provider: &Provider, upstream: UpstreamRequest) -> Forward {
         let (mut set, body) = request_headers(provider, upstream);
         set.push((cfg.cluster_header.clone(), provider.cluster.clone()));
         // The provider's time budget for this attempt: the route itself has no

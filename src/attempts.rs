@@ -9,15 +9,16 @@
 //! arrives. Envoy shares the request header map between attempts, so every
 //! attempt first removes the headers any other attempt would set.
 
+use std::rc::Rc;
+
+use crate::config::Provider;
 use crate::errors::Header;
 
 /// One candidate's request, translated for its provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {
-    /// Index into the configuration's providers.
-    pub provider: usize,
-    /// The Envoy cluster the router sends this attempt to.
-    pub cluster: String,
+    /// Its provider, whose cluster the router sends this attempt to.
+    pub provider: Rc<Provider>,
     /// Headers this attempt sets (pseudo-headers, content type and length,
     /// the provider's credential).
     pub set: Vec<Header>,
@@ -47,7 +48,7 @@ pub struct Attempts {
     /// Per started attempt, in order: the provider and its outcome (the
     /// status, or `error` until a response arrives: connect failures, resets
     /// and timeouts never reach the upstream filter's response callback).
-    outcomes: Vec<(usize, String)>,
+    outcomes: Vec<(Rc<Provider>, String)>,
     /// The router's number of each entry of `outcomes`.
     started: Vec<usize>,
 }
@@ -76,7 +77,7 @@ impl Attempts {
 
     /// The clusters of the attempts, in order: slot `n` (1-based) is attempt `n`.
     pub fn clusters(&self) -> impl Iterator<Item = &str> {
-        self.prepared.iter().map(|p| p.cluster.as_str())
+        self.prepared.iter().map(|p| p.provider.cluster.as_str())
     }
 
     pub fn len(&self) -> usize {
@@ -88,8 +89,8 @@ impl Attempts {
     }
 
     /// The provider of attempt `n` (1-based).
-    pub fn provider(&self, n: usize) -> Option<usize> {
-        self.prepared.get(n.checked_sub(1)?).map(|p| p.provider)
+    pub fn provider(&self, n: usize) -> Option<&Rc<Provider>> {
+        self.prepared.get(n.checked_sub(1)?).map(|p| &p.provider)
     }
 
     /// Router attempt `n` (1-based, Envoy's `x-envoy-attempt-count`) starts:
@@ -99,7 +100,7 @@ impl Attempts {
         let prepared = self.prepared.get(n.checked_sub(1)?)?;
         if !self.started.contains(&n) {
             self.started.push(n);
-            self.outcomes.push((prepared.provider, "error".to_string()));
+            self.outcomes.push((Rc::clone(&prepared.provider), "error".to_string()));
         }
         let remove = self
             .cleared
@@ -108,7 +109,7 @@ impl Attempts {
             .cloned()
             .collect();
         Some(Edits {
-            cluster: &prepared.cluster,
+            cluster: &prepared.provider.cluster,
             remove,
             set: &prepared.set,
             body: &prepared.body,
@@ -124,7 +125,7 @@ impl Attempts {
     }
 
     /// Every attempt started so far: provider and outcome, in order.
-    pub fn outcomes(&self) -> &[(usize, String)] {
+    pub fn outcomes(&self) -> &[(Rc<Provider>, String)] {
         &self.outcomes
     }
 }
@@ -133,15 +134,25 @@ impl Attempts {
 mod tests {
     use super::*;
 
-    fn prepared(provider: usize, cluster: &str, credential: (&str, &str)) -> Prepared {
+    fn prepared(cluster: &str, credential: (&str, &str)) -> Prepared {
         Prepared {
-            provider,
-            cluster: cluster.into(),
+            provider: Rc::new(Provider {
+                id: format!("{cluster}-provider"),
+                api: crate::config::Api::Openai,
+                cluster: cluster.into(),
+                authority: format!("{cluster}.example"),
+                path_prefix: String::new(),
+                credential: Some(credential.1.into()),
+                credential_source: "api_key".into(),
+                legacy_completions: false,
+                timeout_ms: 1000,
+                default_max_tokens: 1024,
+            }),
             set: vec![
-                (":path".into(), format!("/p{provider}")),
+                (":path".into(), format!("/{cluster}")),
                 (credential.0.into(), credential.1.into()),
             ],
-            body: format!("body {provider}").into_bytes(),
+            body: format!("body {cluster}").into_bytes(),
         }
     }
 
@@ -149,8 +160,8 @@ mod tests {
     fn each_attempt_clears_what_the_others_set_and_sets_its_own() {
         let mut a = Attempts::new(
             vec![
-                prepared(0, "openai", ("authorization", "Bearer sk")),
-                prepared(1, "anthropic", ("x-api-key", "ak")),
+                prepared("openai", ("authorization", "Bearer sk")),
+                prepared("anthropic", ("x-api-key", "ak")),
             ],
             &["authorization".into(), "api-key".into()],
         );
@@ -158,7 +169,7 @@ mod tests {
         let first = a.start(1).unwrap();
         assert_eq!(first.remove, ["api-key", "x-api-key"]);
         assert_eq!(first.set[1], ("authorization".into(), "Bearer sk".into()));
-        assert_eq!(first.body, b"body 0");
+        assert_eq!(first.body, b"body openai");
         assert_eq!(first.cluster, "openai");
         let second = a.start(2).unwrap();
         assert_eq!(second.remove, ["authorization", "api-key"]);
@@ -171,9 +182,9 @@ mod tests {
     fn outcomes_are_errors_until_a_response_arrives() {
         let mut a = Attempts::new(
             vec![
-                prepared(0, "a", ("authorization", "x")),
-                prepared(1, "b", ("authorization", "y")),
-                prepared(2, "c", ("authorization", "z")),
+                prepared("a", ("authorization", "x")),
+                prepared("b", ("authorization", "y")),
+                prepared("c", ("authorization", "z")),
             ],
             &[],
         );
@@ -182,9 +193,13 @@ mod tests {
         a.start(2);
         a.start(3);
         a.on_response(3, 200);
-        let outcomes: Vec<(usize, &str)> = a.outcomes().iter().map(|(p, o)| (*p, o.as_str())).collect();
-        assert_eq!(outcomes, [(0, "503"), (1, "error"), (2, "200")]);
-        assert_eq!(a.provider(2), Some(1));
-        assert_eq!(a.provider(4), None);
+        let outcomes: Vec<(&str, &str)> = a
+            .outcomes()
+            .iter()
+            .map(|(p, o)| (p.cluster.as_str(), o.as_str()))
+            .collect();
+        assert_eq!(outcomes, [("a", "503"), ("b", "error"), ("c", "200")]);
+        assert_eq!(a.provider(2).map(|p| p.cluster.as_str()), Some("b"));
+        assert!(a.provider(4).is_none());
     }
 }

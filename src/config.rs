@@ -5,6 +5,8 @@
 //! `on_configure` on a throw-away canary VM and again on every worker. The
 //! environment lookup is passed in, so the same code runs natively in tests.
 
+use std::rc::Rc;
+
 use serde::{Deserialize, Deserializer};
 
 use crate::glob::Glob;
@@ -65,7 +67,9 @@ pub struct Config {
     pub fallback: Fallback,
     pub limits: Limits,
     pub keys: Vec<Key>,
-    pub providers: Vec<Provider>,
+    /// Shared with every candidate, attempt and answer that names one: a
+    /// provider is held, never looked up again.
+    pub providers: Vec<Rc<Provider>>,
     pub models: Vec<Model>,
 }
 
@@ -81,7 +85,7 @@ pub struct Key {
 }
 
 /// An upstream provider.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Provider {
     pub id: String,
     pub api: Api,
@@ -108,14 +112,13 @@ pub struct Model {
 /// One provider serving a model under its own upstream model name.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
-    /// Index into [`Config::providers`].
-    pub provider: usize,
+    pub provider: Rc<Provider>,
     pub model: String,
 }
 
 impl Config {
-    pub fn provider(&self, id: &str) -> Option<(usize, &Provider)> {
-        self.providers.iter().enumerate().find(|(_, p)| p.id == id)
+    pub fn provider(&self, id: &str) -> Option<&Rc<Provider>> {
+        self.providers.iter().find(|p| p.id == id)
     }
 
     /// Whether `json` configures the filter's upstream role, installed on
@@ -284,8 +287,8 @@ fn validate_providers(
     raw: Vec<RawProvider>,
     env: &dyn Fn(&str) -> Option<String>,
     problems: &mut Vec<String>,
-) -> Vec<Provider> {
-    let mut providers: Vec<Provider> = Vec::with_capacity(raw.len());
+) -> Vec<Rc<Provider>> {
+    let mut providers: Vec<Rc<Provider>> = Vec::with_capacity(raw.len());
     for (i, p) in raw.into_iter().enumerate() {
         let at = format!("providers[{i}] ({:?})", p.id);
         if p.id.is_empty() || p.id.contains('/') || p.id.contains(',') || p.id.contains(':') {
@@ -328,7 +331,7 @@ fn validate_providers(
         if default_max_tokens == 0 {
             problems.push(format!("{at}: default_max_tokens must be at least 1"));
         }
-        providers.push(Provider {
+        providers.push(Rc::new(Provider {
             id: p.id,
             api: p.api,
             cluster: p.cluster,
@@ -339,12 +342,12 @@ fn validate_providers(
             legacy_completions: p.legacy_completions.unwrap_or(false),
             timeout_ms,
             default_max_tokens,
-        });
+        }));
     }
     providers
 }
 
-fn validate_models(raw: Vec<RawModel>, providers: &[Provider], problems: &mut Vec<String>) -> Vec<Model> {
+fn validate_models(raw: Vec<RawModel>, providers: &[Rc<Provider>], problems: &mut Vec<String>) -> Vec<Model> {
     let mut models: Vec<Model> = Vec::with_capacity(raw.len());
     for (i, m) in raw.into_iter().enumerate() {
         let at = format!("models[{i}] ({:?})", m.id);
@@ -363,9 +366,9 @@ fn validate_models(raw: Vec<RawModel>, providers: &[Provider], problems: &mut Ve
             if e.model.is_empty() {
                 problems.push(format!("{at}.endpoints[{j}]: model must not be empty"));
             }
-            match providers.iter().position(|p| p.id == e.provider) {
+            match providers.iter().find(|p| p.id == e.provider) {
                 Some(provider) => endpoints.push(Endpoint {
-                    provider,
+                    provider: Rc::clone(provider),
                     model: e.model,
                 }),
                 None => problems.push(format!("{at}.endpoints[{j}]: unknown provider {:?}", e.provider)),
@@ -473,7 +476,7 @@ mod tests {
         assert_eq!(c.providers[0].credential.as_deref(), Some("sk-real"));
         assert_eq!(c.providers[1].credential, None, "unset env var: provider unavailable");
         assert_eq!(c.providers[2].path_prefix, "/v1beta");
-        assert_eq!(c.models[0].endpoints[1].provider, 4);
+        assert_eq!(c.models[0].endpoints[1].provider.id, "together");
         assert_eq!(c.keys[0].sha256[0], 0x9f);
         assert_eq!(c.max_provider_tries, 3);
     }

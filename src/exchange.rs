@@ -165,8 +165,8 @@ pub struct Exchange {
     request: Option<ParsedRequest>,
     stamp: Option<Stamp>,
     /// The provider currently serving, and every attempt made so far.
-    provider: Option<usize>,
-    attempts: Vec<(usize, String)>,
+    provider: Option<Rc<Provider>>,
+    attempts: Vec<(Rc<Provider>, String)>,
     /// Candidates in order, the next one to try, and the bound on tries.
     plan: Vec<Candidate>,
     next: usize,
@@ -410,11 +410,10 @@ impl Exchange {
         // Named in the 503 if nothing is left: the usual cause is an unset key.
         let keyless: Vec<String> = defaults
             .iter()
-            .filter_map(|c| cfg.providers.get(c.provider))
-            .filter(|p| p.credential.is_none())
-            .map(|p| p.id.clone())
+            .filter(|c| c.provider.credential.is_none())
+            .map(|c| c.provider.id.clone())
             .collect();
-        self.plan = routing::plan(&cfg, defaults, &directive);
+        self.plan = routing::plan(defaults, &directive);
         self.max_tries = routing::max_tries(&cfg, &directive);
         let prefix = match op {
             Operation::Chat => "chatcmpl_",
@@ -430,17 +429,10 @@ impl Exchange {
         self.request = Some(request);
 
         if cfg.fallback == Fallback::Router {
-            return self.prepare_attempts(&cfg, &model, &keyless);
+            return self.prepare_attempts(&model, &keyless);
         }
         match self.next_upstream() {
-            Some((index, upstream)) => {
-                // next_upstream found it there; were it gone, nothing is sent.
-                let provider = cfg
-                    .providers
-                    .get(index)
-                    .ok_or_else(|| internal("a candidate's provider is gone"))?;
-                Ok(self.forward(&cfg, provider, upstream))
-            }
+            Some((provider, upstream)) => Ok(self.forward(&cfg, &provider, upstream)),
             None => Err(self
                 .refusal
                 .take()
@@ -451,7 +443,7 @@ impl Exchange {
     /// Builds the request for the next candidate whose API can express it,
     /// while tries remain. Translation starts from the parsed original every
     /// time, so it is the same whichever attempt it is.
-    fn next_upstream(&mut self) -> Option<(usize, UpstreamRequest)> {
+    fn next_upstream(&mut self) -> Option<(Rc<Provider>, UpstreamRequest)> {
         if self.attempts.len() >= self.max_tries {
             return None;
         }
@@ -459,13 +451,11 @@ impl Exchange {
         let request = self.request.as_ref()?;
         while let Some(candidate) = self.plan.get(self.next) {
             self.next += 1;
-            let Some(provider) = cfg.providers.get(candidate.provider) else {
-                continue;
-            };
+            let provider = &candidate.provider;
             match providers::build_request(provider, request, &candidate.upstream_model, &cfg.routing_field) {
                 Ok(upstream) => {
-                    self.provider = Some(candidate.provider);
-                    return Some((candidate.provider, upstream));
+                    self.provider = Some(Rc::clone(provider));
+                    return Some((Rc::clone(provider), upstream));
                 }
                 Err(e) => {
                     log::info!("waygate: provider {} skipped: {}", provider.id, e.message);
@@ -507,22 +497,14 @@ impl Exchange {
     /// allowed, and the client's key removed. The body is left as the client
     /// sent it; each attempt replaces it. The shell publishes each attempt's
     /// cluster for the route's matcher ([`Attempts::clusters`]).
-    fn prepare_attempts(&mut self, cfg: &Config, model: &str, keyless: &[String]) -> Result<Forward, ApiError> {
+    fn prepare_attempts(&mut self, model: &str, keyless: &[String]) -> Result<Forward, ApiError> {
         let mut prepared: Vec<Prepared> = Vec::new();
         while prepared.len() < self.max_tries {
-            let Some((index, upstream)) = self.next_upstream() else {
+            let Some((provider, upstream)) = self.next_upstream() else {
                 break;
             };
-            let Some(provider) = cfg.providers.get(index) else {
-                continue;
-            };
-            let (set, body) = request_headers(provider, upstream);
-            prepared.push(Prepared {
-                provider: index,
-                cluster: provider.cluster.clone(),
-                set,
-                body,
-            });
+            let (set, body) = request_headers(&provider, upstream);
+            prepared.push(Prepared { provider, set, body });
         }
         let Some(first) = prepared.first() else {
             return Err(self
@@ -530,15 +512,10 @@ impl Exchange {
                 .take()
                 .unwrap_or_else(|| routing::no_provider(model, keyless)));
         };
-        self.provider = Some(first.provider);
+        self.provider = Some(Rc::clone(&first.provider));
         // Envoy's per-try timeout is one value for every attempt: the shortest
         // budget of the candidates, so no provider runs past its own.
-        let per_try_ms = prepared
-            .iter()
-            .filter_map(|p| cfg.providers.get(p.provider))
-            .map(|p| p.timeout_ms)
-            .min()
-            .unwrap_or(0);
+        let per_try_ms = prepared.iter().map(|p| p.provider.timeout_ms).min().unwrap_or(0);
         let set: Vec<Header> = vec![
             (ROUTED_HEADER.into(), "1".into()),
             ("x-envoy-max-retries".into(), (prepared.len() - 1).to_string()),
@@ -567,7 +544,6 @@ impl Exchange {
     /// The next fallback call, if a candidate is left.
     fn next_call(&mut self) -> Option<Call> {
         let (provider, upstream) = self.next_upstream()?;
-        let provider = self.config.providers.get(provider)?;
         let mut headers: Vec<Header> = vec![
             (":method".into(), "POST".into()),
             (":path".into(), upstream.path),
@@ -687,8 +663,8 @@ impl Exchange {
         } else {
             status.to_string()
         };
-        if let Some(p) = self.provider {
-            self.attempts.push((p, outcome));
+        if let Some(p) = &self.provider {
+            self.attempts.push((Rc::clone(p), outcome));
         }
     }
 
@@ -716,7 +692,7 @@ impl Exchange {
             let routed = routed.borrow();
             self.attempts = routed.outcomes().to_vec();
             match self.attempts.last() {
-                Some((provider, _)) => self.provider = Some(*provider),
+                Some((provider, _)) => self.provider = Some(Rc::clone(provider)),
                 None => self.record_attempt(head.status, true),
             }
         } else {
@@ -760,8 +736,7 @@ impl Exchange {
     }
 
     fn new_rewriter(&self) -> StreamRewriter {
-        let provider = self.provider.and_then(|p| self.config.providers.get(p));
-        let translator = match (&self.request, provider) {
+        let translator = match (&self.request, &self.provider) {
             (Some(request), Some(provider)) => providers::stream_translator(provider.api, request),
             (Some(request), None) => providers::stream_translator(crate::config::Api::Openai, request),
             (None, _) => Box::new(providers::openai::OpenAiStream),
@@ -776,7 +751,7 @@ impl Exchange {
         // each output cannot see: the rewriter scrubs the text itself.
         let credential = self
             .provider
-            .and_then(|p| self.config.providers.get(p))
+            .as_ref()
             .and_then(|p| p.credential.as_deref())
             .filter(|c| c.len() >= redact::MIN_LEN);
         match credential {
@@ -811,8 +786,7 @@ impl Exchange {
         else {
             return self.rewrite_error(&internal("response body in an unexpected phase"), false);
         };
-        let cfg = Rc::clone(&self.config);
-        let Some(provider) = self.provider.and_then(|p| cfg.providers.get(p)) else {
+        let Some(provider) = self.provider.clone() else {
             return self.rewrite_error(&internal("no provider"), false);
         };
         if router_error {
@@ -824,7 +798,7 @@ impl Exchange {
             return self.rewrite_error(&e, false);
         }
         if (200..300).contains(&status) {
-            return match self.translate_success(provider, body, event_stream) {
+            return match self.translate_success(&provider, body, event_stream) {
                 Ok(rewrite) => rewrite,
                 Err(why) => {
                     // `why` may quote the provider's body (serde names the value it refused).
@@ -957,7 +931,7 @@ impl Exchange {
     /// and the key's `x-ratelimit-*` when it is limited.
     fn attempt_headers(&self, served: bool) -> Vec<Header> {
         let mut headers = self.standing.map(|s| s.headers()).unwrap_or_default();
-        if served && let Some(p) = self.provider.and_then(|p| self.config.providers.get(p)) {
+        if served && let Some(p) = &self.provider {
             headers.push(("x-waygate-provider".to_string(), p.id.clone()));
         }
         if !self.attempts.is_empty() {
@@ -971,13 +945,13 @@ impl Exchange {
         let list: Vec<String> = self
             .attempts
             .iter()
-            .filter_map(|(p, outcome)| {
+            .map(|(p, outcome)| {
                 let outcome = if outcome == "error" {
                     "connect failure or reset"
                 } else {
                     outcome
                 };
-                self.config.providers.get(*p).map(|p| format!("{}: {outcome}", p.id))
+                format!("{}: {outcome}", p.id)
             })
             .collect();
         list.join(", ")
@@ -990,16 +964,16 @@ impl Exchange {
     /// The credentials of every provider this request was sent to.
     fn sent_credentials(&self) -> Vec<&str> {
         // A handful of providers at most: no sort (its code would be kilobytes of the module).
-        let mut sent: Vec<usize> = Vec::new();
-        for p in self.attempts.iter().map(|(p, _)| *p).chain(self.provider) {
-            if !sent.contains(&p) {
-                sent.push(p);
+        let mut sent: Vec<&str> = Vec::new();
+        for p in self.attempts.iter().map(|(p, _)| p).chain(self.provider.as_ref()) {
+            if let Some(credential) = p.credential.as_deref()
+                && credential.len() >= redact::MIN_LEN
+                && !sent.contains(&credential)
+            {
+                sent.push(credential);
             }
         }
-        sent.into_iter()
-            .filter_map(|p| self.config.providers.get(p)?.credential.as_deref())
-            .filter(|c| c.len() >= redact::MIN_LEN)
-            .collect()
+        sent
     }
 
     fn redact(&self, bytes: &mut Vec<u8>) {
@@ -1018,11 +992,7 @@ impl Exchange {
         if matches!(self.phase, Phase::PassThrough | Phase::Start) {
             return None;
         }
-        let attempts = self
-            .attempts
-            .iter()
-            .filter_map(|(p, o)| self.config.providers.get(*p).map(|p| (p.id.as_str(), o.as_str())))
-            .collect();
+        let attempts = self.attempts.iter().map(|(p, o)| (p.id.as_str(), o.as_str())).collect();
         let summary = metrics::Summary {
             key: self.key_id.as_deref(),
             model: self.request.as_ref().map(|r| r.model.as_str()),
@@ -1072,9 +1042,7 @@ impl Exchange {
 
     /// The provider that served, once known.
     pub fn served_by(&self) -> Option<&str> {
-        self.provider
-            .and_then(|p| self.config.providers.get(p))
-            .map(|p| p.id.as_str())
+        self.provider.as_ref().map(|p| p.id.as_str())
     }
 
     fn models_listing(&self) -> Reply {
@@ -1086,11 +1054,7 @@ impl Exchange {
             .filter(|m| key.is_none_or(|k| auth::may_use(k, &m.id)))
             .map(|m| {
                 let owner = m.id.split('/').next().unwrap_or_default();
-                let providers: Vec<&str> = m
-                    .endpoints
-                    .iter()
-                    .filter_map(|e| self.config.providers.get(e.provider).map(|p| p.id.as_str()))
-                    .collect();
+                let providers: Vec<&str> = m.endpoints.iter().map(|e| e.provider.id.as_str()).collect();
                 json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner, "providers": providers})
             })
             .collect();
@@ -1109,10 +1073,7 @@ impl Exchange {
         if matches!(self.phase, Phase::PassThrough | Phase::Start) {
             return None;
         }
-        let provider = self
-            .provider
-            .and_then(|p| self.config.providers.get(p))
-            .map_or("-", |p| p.id.as_str());
+        let provider = self.provider.as_ref().map_or("-", |p| p.id.as_str());
         let attempts = self.attempt_list();
         let usage = self.usage.unwrap_or_default();
         // Built piece by piece: one line per request, and `format!` with ten
@@ -1149,10 +1110,7 @@ impl Exchange {
     /// `provider:outcome` for every attempt, comma-separated.
     fn attempt_list(&self) -> String {
         let mut list = String::new();
-        for (p, outcome) in &self.attempts {
-            let Some(provider) = self.config.providers.get(*p) else {
-                continue;
-            };
+        for (provider, outcome) in &self.attempts {
             if !list.is_empty() {
                 list.push(',');
             }

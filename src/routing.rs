@@ -4,17 +4,18 @@
 //! model). The per-request routing object then reorders (`prefer`), filters
 //! (`allow_fallbacks`) and bounds (`max_provider_tries`) that list.
 
+use std::rc::Rc;
+
 use serde_json::Value;
 
-use crate::config::Config;
+use crate::config::{Config, Provider};
 use crate::errors::{ApiError, ErrorType};
 use crate::request::{bad_value, wrong_type};
 
 /// One provider that may serve the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
-    /// Index into [`Config::providers`].
-    pub provider: usize,
+    pub provider: Rc<Provider>,
     pub upstream_model: String,
 }
 
@@ -25,7 +26,7 @@ pub fn resolve(config: &Config, model: &str) -> Result<Vec<Candidate>, ApiError>
             .endpoints
             .iter()
             .map(|e| Candidate {
-                provider: e.provider,
+                provider: Rc::clone(&e.provider),
                 upstream_model: e.model.clone(),
             })
             .collect());
@@ -49,8 +50,8 @@ pub fn resolve(config: &Config, model: &str) -> Result<Vec<Candidate>, ApiError>
         return Err(bad_value("model", "must name a model after the '/'"));
     }
     match config.provider(prefix) {
-        Some((provider, _)) => Ok(vec![Candidate {
-            provider,
+        Some(provider) => Ok(vec![Candidate {
+            provider: Rc::clone(provider),
             upstream_model: rest.to_string(),
         }]),
         None => Err(not_found()),
@@ -133,12 +134,10 @@ fn unknown(param: &str) -> ApiError {
 /// credential are never candidates. The list is not bounded here: a
 /// candidate whose API cannot express the request is skipped without
 /// counting as a try (see [`max_tries`]).
-pub fn plan(config: &Config, defaults: Vec<Candidate>, directive: &Directive) -> Vec<Candidate> {
+pub fn plan(defaults: Vec<Candidate>, directive: &Directive) -> Vec<Candidate> {
     let mut ordered: Vec<Candidate> = Vec::with_capacity(defaults.len());
     for id in &directive.prefer {
-        if let Some(c) = defaults
-            .iter()
-            .find(|c| config.providers.get(c.provider).is_some_and(|p| &p.id == id))
+        if let Some(c) = defaults.iter().find(|c| &c.provider.id == id)
             && !ordered.contains(c)
         {
             ordered.push(c.clone());
@@ -153,7 +152,7 @@ pub fn plan(config: &Config, defaults: Vec<Candidate>, directive: &Directive) ->
     } else if directive.prefer.is_empty() {
         ordered.extend(defaults.into_iter().take(1));
     }
-    ordered.retain(|c| config.providers.get(c.provider).is_some_and(|p| p.credential.is_some()));
+    ordered.retain(|c| c.provider.credential.is_some());
     ordered
 }
 
@@ -195,8 +194,8 @@ mod tests {
         Config::parse(json, &|_| None).unwrap()
     }
 
-    fn ids(c: &Config, plan: &[Candidate]) -> Vec<String> {
-        plan.iter().map(|x| c.providers[x.provider].id.clone()).collect()
+    fn ids(plan: &[Candidate]) -> Vec<String> {
+        plan.iter().map(|x| x.provider.id.clone()).collect()
     }
 
     fn directive(c: &Config, v: Value) -> Result<Directive, ApiError> {
@@ -207,7 +206,10 @@ mod tests {
     fn model_ids_resolve_by_list_then_prefix() {
         let c = config();
         let r = resolve(&c, "openai/gpt-4o/mini").unwrap();
-        assert_eq!((r[0].provider, r[0].upstream_model.as_str()), (0, "gpt-4o/mini"));
+        assert_eq!(
+            (r[0].provider.id.as_str(), r[0].upstream_model.as_str()),
+            ("openai", "gpt-4o/mini")
+        );
         assert_eq!(resolve(&c, "meta-llama/llama-3.1-70b").unwrap().len(), 3);
         let e = resolve(&c, "gpt-4o").unwrap_err();
         assert_eq!((e.status, e.code.as_str()), (404, "model_not_found"));
@@ -224,8 +226,8 @@ mod tests {
     fn prefer_reorders_and_fallbacks_follow() {
         let c = config();
         let d = directive(&c, json!({"waygate":{"routing":{"prefer":["together"]}}})).unwrap();
-        let p = plan(&c, resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d);
-        assert_eq!(ids(&c, &p), ["together", "groq"], "nokey has no credential");
+        let p = plan(resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d);
+        assert_eq!(ids(&p), ["together", "groq"], "nokey has no credential");
     }
 
     #[test]
@@ -236,11 +238,11 @@ mod tests {
             json!({"waygate":{"routing":{"prefer":["together","openai"],"allow_fallbacks":false}}}),
         )
         .unwrap();
-        let p = plan(&c, resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d);
-        assert_eq!(ids(&c, &p), ["together"], "openai does not serve the model");
+        let p = plan(resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d);
+        assert_eq!(ids(&p), ["together"], "openai does not serve the model");
         let d = directive(&c, json!({"waygate":{"routing":{"allow_fallbacks":false}}})).unwrap();
-        let p = plan(&c, resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d);
-        assert_eq!(ids(&c, &p), ["groq"]);
+        let p = plan(resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d);
+        assert_eq!(ids(&p), ["groq"]);
     }
 
     #[test]

@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
             }
             for m in &a.models {
                 for e in &m.endpoints {
-                    assert!(e.provider < a.providers.len(), "endpoint names a provider");
+                    assert!(a.providers.contains(&e.provider), "endpoint names a provider");
                 }
             }
         }

@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         }
     };
     assert!(!defaults.is_empty());
-    assert!(defaults.iter().all(|c| c.provider < cfg.providers.len()));
+    assert!(defaults.iter().all(|c| cfg.providers.contains(&c.provider)));
     let directive = match routing::parse_directive(&cfg, body.get(&cfg.routing_field)) {
         Ok(d) => d,
         Err(e) => {
@@ -38,15 +38,15 @@ fuzz_target!(|data: &[u8]| {
         assert!(cfg.provider(id).is_some(), "prefer names only known providers");
     }
     assert!(routing::max_tries(&cfg, &directive) >= 1);
-    let plan = routing::plan(&cfg, defaults.clone(), &directive);
+    let plan = routing::plan(defaults.clone(), &directive);
     for (i, c) in plan.iter().enumerate() {
         assert!(defaults.contains(c), "a planned candidate is a default one");
         assert!(!plan[i + 1..].contains(c), "no candidate twice");
-        assert!(cfg.providers[c.provider].credential.is_some(), "credentialed only");
+        assert!(c.provider.credential.is_some(), "credentialed only");
     }
     let credentialed: Vec<_> = defaults
         .iter()
-        .filter(|c| cfg.providers[c.provider].credential.is_some())
+        .filter(|c| c.provider.credential.is_some())
         .collect();
     if directive.allow_fallbacks {
         assert!(
@@ -58,14 +58,14 @@ fuzz_target!(|data: &[u8]| {
     } else {
         assert!(
             plan.iter()
-                .all(|c| directive.prefer.contains(&cfg.providers[c.provider].id)),
+                .all(|c| directive.prefer.contains(&c.provider.id)),
             "without fallbacks only preferred providers"
         );
     }
     // Preferred providers come first, in the order asked.
     let ranks: Vec<usize> = plan
         .iter()
-        .map_while(|c| directive.prefer.iter().position(|p| *p == cfg.providers[c.provider].id))
+        .map_while(|c| directive.prefer.iter().position(|p| *p == c.provider.id))
         .collect();
     assert!(ranks.windows(2).all(|w| w[0] < w[1]), "prefer order kept: {ranks:?}");
 });

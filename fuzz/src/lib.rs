@@ -86,7 +86,7 @@ pub fn provider(config: &Config, api: Api, legacy: bool) -> Provider {
         .providers
         .iter()
         .find(|p| p.api == api && p.legacy_completions == legacy && p.credential.is_some())
-        .cloned()
+        .map(|p| Provider::clone(p))
         .expect("a provider for every API")
 }
 

@@ -798,7 +798,7 @@ mod tests {
 
     fn provider() -> Provider {
         let json = r#"{"providers":[{"id":"claude","api":"anthropic","cluster":"c","authority":"h","api_key":"sk-ant","default_max_tokens":1000}]}"#;
-        Config::parse(json.as_bytes(), &|_| None).unwrap().providers.remove(0)
+        Provider::clone(&Config::parse(json.as_bytes(), &|_| None).unwrap().providers[0])
     }
 
     fn build(body: Value) -> Result<Value, ApiError> {

@@ -714,7 +714,7 @@ mod tests {
 
     fn provider() -> Provider {
         let json = r#"{"providers":[{"id":"gem","api":"gemini","cluster":"c","authority":"h","api_key":"g-key"}]}"#;
-        Config::parse(json.as_bytes(), &|_| None).unwrap().providers.remove(0)
+        Provider::clone(&Config::parse(json.as_bytes(), &|_| None).unwrap().providers[0])
     }
 
     fn build_for(body: Value, model: &str) -> Result<Value, ApiError> {

@@ -223,7 +223,7 @@ mod tests {
         let json = format!(
             r#"{{"providers":[{{"id":"openai","api":"openai","cluster":"c","authority":"h","api_key":"sk-test","legacy_completions":{legacy}}}]}}"#
         );
-        Config::parse(json.as_bytes(), &|_| None).unwrap().providers.remove(0)
+        Provider::clone(&Config::parse(json.as_bytes(), &|_| None).unwrap().providers[0])
     }
 
     #[test]

@@ -498,7 +498,10 @@ fn drive_body(
         ResponseAction::Buffer => {
             let rewrite = match rewrite {
                 Some(r) => {
-                    assert!(up.headers_only);
+                    // A headers-only answer, or Envoy's rate limit filter's refusal (which
+                    // replaces whatever it came with).
+                    let refused = matches!(head.code_details, Some("request_rate_limited" | "rate_limiter_error"));
+                    assert!(up.headers_only || refused, "a rewrite at the headers: {r:?}");
                     r
                 }
                 None => ex.on_buffered_body(&up_bytes),

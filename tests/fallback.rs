@@ -283,33 +283,20 @@ fn an_upstream_cut_mid_stream_is_not_retried_and_never_ends_with_done() {
     }
 }
 
-/// A streamed request on a raw connection: the time until the first SSE
-/// event arrived, the time until the stream ended, and everything received.
+/// A streamed chat request: when its first SSE event arrived, when it ended, and the answer.
 fn timed_stream(gw: &Gateway, body: &Value) -> (std::time::Duration, std::time::Duration, Response) {
-    use std::io::{Read, Write};
-    let body = body.to_string();
-    let mut conn = std::net::TcpStream::connect(gw.addr).unwrap();
-    conn.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
-    let request = format!(
-        "POST /api/v1/chat/completions HTTP/1.1\r\nhost: gateway.local\r\nconnection: close\r\n\
-         authorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        common::DEV_KEY,
-        body.len()
+    let auth = format!("Bearer {}", common::DEV_KEY);
+    let t = common::send_timed(
+        gw.addr,
+        "POST",
+        "/api/v1/chat/completions",
+        &[
+            ("authorization", auth.as_bytes()),
+            ("content-type", b"application/json"),
+        ],
+        body.to_string().as_bytes(),
     );
-    let started = std::time::Instant::now();
-    conn.write_all(request.as_bytes()).unwrap();
-    let (mut first, mut raw, mut buf) = (None, Vec::new(), [0u8; 16384]);
-    loop {
-        let n = conn.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        raw.extend_from_slice(&buf[..n]);
-        if first.is_none() && raw.windows(6).any(|w| w == b"data: ") {
-            first = Some(started.elapsed());
-        }
-    }
-    (first.unwrap(), started.elapsed(), common::parse_response(&raw))
+    (t.first_event.unwrap(), t.whole, t.response)
 }
 
 #[test]

@@ -435,6 +435,18 @@ impl Response {
 /// One request on a fresh connection, headers as raw bytes so tests can send
 /// what a hostile client would.
 pub fn send_raw(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> Response {
+    send_timed(addr, method, path, headers, body).response
+}
+
+/// An answer and when it came: its first SSE event (`data: `), if any, and its end.
+pub struct Timed {
+    pub first_event: Option<Duration>,
+    pub whole: Duration,
+    pub response: Response,
+}
+
+/// [`send_raw`], timed from the request's first byte written.
+pub fn send_timed(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> Timed {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\nhost: gateway.local\r\nconnection: close\r\n").into_bytes();
@@ -449,10 +461,24 @@ pub fn send_raw(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &[
     }
     req.extend_from_slice(b"\r\n");
     req.extend_from_slice(body);
+    let started = std::time::Instant::now();
     stream.write_all(&req).unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
-    parse_response(&raw)
+    let (mut first_event, mut raw, mut buf) = (None, Vec::new(), [0u8; 16384]);
+    loop {
+        let n = stream.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if first_event.is_none() && raw.windows(6).any(|w| w == b"data: ") {
+            first_event = Some(started.elapsed());
+        }
+    }
+    Timed {
+        first_event,
+        whole: started.elapsed(),
+        response: parse_response(&raw),
+    }
 }
 
 pub fn parse_response(raw: &[u8]) -> Response {

@@ -155,6 +155,12 @@ enum Phase {
     Done,
 }
 
+/// The client's request, read, and the id, model and time its answer carries.
+struct Asked {
+    request: ParsedRequest,
+    stamp: Stamp,
+}
+
 /// One request's state.
 pub struct Exchange {
     config: Rc<Config>,
@@ -162,8 +168,8 @@ pub struct Exchange {
     key_id: Option<String>,
     title: Option<String>,
     referer: Option<String>,
-    request: Option<ParsedRequest>,
-    stamp: Option<Stamp>,
+    /// Once the body is read: the request and what its answer is stamped with.
+    asked: Option<Asked>,
     /// The provider currently serving, and every attempt made so far.
     provider: Option<Rc<Provider>>,
     attempts: Vec<(Rc<Provider>, String)>,
@@ -223,8 +229,7 @@ impl Exchange {
             key_id: None,
             title: None,
             referer: None,
-            request: None,
-            stamp: None,
+            asked: None,
             provider: None,
             attempts: Vec::new(),
             plan: Vec::new(),
@@ -419,14 +424,14 @@ impl Exchange {
             Operation::Chat => "chatcmpl_",
             Operation::Completions => "cmpl_",
         };
-        self.stamp = Some(Stamp {
+        let stamp = Stamp {
             op,
             id: new_id(prefix),
             model: request.model.clone(),
             created: now,
-        });
+        };
         let model = request.model.clone();
-        self.request = Some(request);
+        self.asked = Some(Asked { request, stamp });
 
         if cfg.fallback == Fallback::Router {
             return self.prepare_attempts(&model, &keyless);
@@ -448,7 +453,7 @@ impl Exchange {
             return None;
         }
         let cfg = Rc::clone(&self.config);
-        let request = self.request.as_ref()?;
+        let request = &self.asked.as_ref()?.request;
         while let Some(candidate) = self.plan.get(self.next) {
             self.next += 1;
             let provider = &candidate.provider;
@@ -708,11 +713,18 @@ impl Exchange {
         let event_stream = head
             .content_type
             .is_some_and(|ct| starts_with_ignore_case(ct, b"text/event-stream"));
-        let streaming = self.request.as_ref().is_some_and(|r| r.stream);
+        let streaming = self.asked.as_ref().is_some_and(|a| a.request.stream);
         if ok && streaming && event_stream && !end_of_stream {
+            let Some(rewriter) = self.new_rewriter() else {
+                self.phase = Phase::Done;
+                return (
+                    ResponseAction::Buffer,
+                    Some(self.rewrite_error(&internal("a stream without its request"), false)),
+                );
+            };
             self.phase = Phase::Streaming;
             self.status = head.status;
-            self.stream = Some(self.new_rewriter());
+            self.stream = Some(rewriter);
             let mut set = vec![("content-type".to_string(), "text/event-stream".to_string())];
             set.extend(self.attempt_headers(true));
             return (
@@ -735,18 +747,12 @@ impl Exchange {
         (ResponseAction::Buffer, None)
     }
 
-    fn new_rewriter(&self) -> StreamRewriter {
-        let translator = match (&self.request, &self.provider) {
-            (Some(request), Some(provider)) => providers::stream_translator(provider.api, request),
-            (Some(request), None) => providers::stream_translator(crate::config::Api::Openai, request),
-            (None, _) => Box::new(providers::openai::OpenAiStream),
-        };
-        let include_usage = self.request.as_ref().is_some_and(|r| r.include_usage);
-        let rewriter = StreamRewriter::new(
-            translator,
-            self.stamp.clone().unwrap_or_else(empty_stamp),
-            include_usage,
-        );
+    /// The serving provider's stream translated for this request; `None`
+    /// before both are known.
+    fn new_rewriter(&self) -> Option<StreamRewriter> {
+        let (asked, provider) = (self.asked.as_ref()?, self.provider.as_ref()?);
+        let translator = providers::stream_translator(provider.api, &asked.request);
+        let rewriter = StreamRewriter::new(translator, asked.stamp.clone(), asked.request.include_usage);
         // Deltas may split the credential, which the byte-level redaction of
         // each output cannot see: the rewriter scrubs the text itself.
         let credential = self
@@ -754,10 +760,10 @@ impl Exchange {
             .as_ref()
             .and_then(|p| p.credential.as_deref())
             .filter(|c| c.len() >= redact::MIN_LEN);
-        match credential {
+        Some(match credential {
             Some(secret) => rewriter.redacting(secret),
             None => rewriter,
-        }
+        })
     }
 
     /// A chunk of a live stream; returns the bytes that replace it.
@@ -847,13 +853,15 @@ impl Exchange {
     }
 
     fn translate_success(&mut self, provider: &Provider, body: &[u8], event_stream: bool) -> Result<Rewrite, String> {
-        let streaming = self.request.as_ref().is_some_and(|r| r.stream);
-        let stamp = self.stamp.clone().unwrap_or_else(empty_stamp);
+        let Some(asked) = &self.asked else {
+            return Err("no request".into());
+        };
+        let (streaming, stamp) = (asked.request.stream, asked.stamp.clone());
         let (content_type, mut out) = if streaming {
             if !event_stream {
                 return Err("a stream was asked for but the answer is not text/event-stream".into());
             }
-            let mut rewriter = self.new_rewriter();
+            let mut rewriter = self.new_rewriter().ok_or("no provider")?;
             let mut out = Vec::new();
             rewriter.push(body, &mut out);
             rewriter.finish(&mut out);
@@ -865,7 +873,7 @@ impl Exchange {
             self.usage = Some(usage);
             ("application/json", out)
         } else {
-            let request = self.request.as_ref().ok_or("no request")?;
+            let request = &self.asked.as_ref().ok_or("no request")?.request;
             let (answer, usage) = providers::translate_answer(provider.api, request, body)?;
             self.usage = Some(usage);
             let out = serde_json::to_vec(&answer::finish(&stamp, answer, usage)).map_err(|e| e.to_string())?;
@@ -995,7 +1003,7 @@ impl Exchange {
         let attempts = self.attempts.iter().map(|(p, o)| (p.id.as_str(), o.as_str())).collect();
         let summary = metrics::Summary {
             key: self.key_id.as_deref(),
-            model: self.request.as_ref().map(|r| r.model.as_str()),
+            model: self.asked.as_ref().map(|a| a.request.model.as_str()),
             provider: if self.attempts.is_empty() {
                 None
             } else {
@@ -1081,7 +1089,7 @@ impl Exchange {
         let mut line = String::with_capacity(256);
         for (name, value) in [
             ("waygate access key=", self.key_id.as_deref().unwrap_or("-")),
-            (" model=", self.request.as_ref().map_or("-", |r| r.model.as_str())),
+            (" model=", self.asked.as_ref().map_or("-", |a| a.request.model.as_str())),
             (" provider=", provider),
             (" attempts=", if attempts.is_empty() { "-" } else { &attempts }),
         ] {
@@ -1131,15 +1139,6 @@ impl ApiError {
     fn without_param(mut self) -> Self {
         self.param = None;
         self
-    }
-}
-
-fn empty_stamp() -> Stamp {
-    Stamp {
-        op: Operation::Chat,
-        id: new_id("chatcmpl_"),
-        model: String::new(),
-        created: 0,
     }
 }
 

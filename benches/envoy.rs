@@ -355,10 +355,7 @@ fn run() -> Result<(), Error> {
     };
     let mut results: Vec<Vec<Measured>> = Vec::new();
     for cell in &CELLS {
-        let round = match seconds {
-            Some(s) => Budget::Time(Duration::from_secs_f64(s / ROUNDS as f64)),
-            None => Budget::Requests(cell.requests / ROUNDS),
-        };
+        let round = cell.round(seconds);
         let measured = measure(&rt, cell, &rows, round).map_err(|e| match exited() {
             Some(dead) => format!("{e}\n{dead}").into(),
             None => e,
@@ -381,37 +378,13 @@ fn run() -> Result<(), Error> {
         ))
     };
     let fallback_rows = fallback_rows(&waygate, router.as_ref().ok(), &body);
-    let mut fallback_events = Vec::new();
-    for row in &fallback_rows {
-        fallback_events.push(
-            rt.block_on(sse_events(row.addr, &row.stream))
-                .map_err(|e| format!("{}: {e}", row.label))?,
-        );
-    }
-    let round = match seconds {
-        Some(s) => Budget::Time(Duration::from_secs_f64(s / ROUNDS as f64)),
-        None => Budget::Requests(FALLBACK_STREAMS.requests / ROUNDS),
-    };
-    let fallback = measure(&rt, &FALLBACK_STREAMS, &fallback_rows, round)?;
-    print_cell(&FALLBACK_STREAMS, &fallback_rows, &fallback, &fallback_events, round);
+    let fallback = stream_cell(&rt, &FALLBACK_STREAMS, &fallback_rows, seconds)?;
     if let Err(why) = &router {
         println!("  {ROUTER_FALLBACK}: not measured ({why})");
     }
 
     let long_rows = long_stream_rows(&envoy_alone, &filtered, &body);
-    let mut long_events = Vec::new();
-    for row in &long_rows {
-        long_events.push(
-            rt.block_on(sse_events(row.addr, &row.stream))
-                .map_err(|e| format!("{}: {e}", row.label))?,
-        );
-    }
-    let round = match seconds {
-        Some(s) => Budget::Time(Duration::from_secs_f64(s / ROUNDS as f64)),
-        None => Budget::Requests(LONG_STREAMS.requests / ROUNDS),
-    };
-    let long = measure(&rt, &LONG_STREAMS, &long_rows, round)?;
-    print_cell(&LONG_STREAMS, &long_rows, &long, &long_events, round);
+    let long = stream_cell(&rt, &LONG_STREAMS, &long_rows, seconds)?;
 
     println!("memory: the proxy's VmRSS before any load / after the run:");
     for (row, idle) in rows.iter().zip(&idle_rss) {
@@ -437,6 +410,37 @@ fn run() -> Result<(), Error> {
     }
     println!("(bench took {:.0} s)", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+impl Cell {
+    /// One row's share of a round: the cell's requests, or `seconds` of load.
+    fn round(&self, seconds: Option<f64>) -> Budget {
+        match seconds {
+            Some(s) => Budget::Time(Duration::from_secs_f64(s / ROUNDS as f64)),
+            None => Budget::Requests(self.requests / ROUNDS),
+        }
+    }
+}
+
+/// A streaming cell with rows of its own: each row's stream checked to end as its API
+/// ends one (and its events counted), then measured and printed.
+fn stream_cell(
+    rt: &tokio::runtime::Runtime,
+    cell: &Cell,
+    rows: &[Row],
+    seconds: Option<f64>,
+) -> Result<Vec<Measured>, Error> {
+    let mut events = Vec::new();
+    for row in rows {
+        events.push(
+            rt.block_on(sse_events(row.addr, &row.stream))
+                .map_err(|e| format!("{}: {e}", row.label))?,
+        );
+    }
+    let round = cell.round(seconds);
+    let measured = measure(rt, cell, rows, round)?;
+    print_cell(cell, rows, &measured, &events, round);
+    Ok(measured)
 }
 
 /// One cell on every row: a warm-up each, then [`ROUNDS`] rounds of `round`, every row in

@@ -9,25 +9,8 @@
 
 mod common;
 
-use common::{DEV_KEY, Gateway, ask, chain_config, stream_chunks};
+use common::{DEV_KEY, Gateway, ask, chain_config, stream_chunks, text_of, tools};
 use serde_json::{Value, json};
-
-fn tools() -> Value {
-    json!([
-        {"type": "function", "function": {"name": "add", "description": "Adds two numbers",
-            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                "required": ["a", "b"]}}},
-        {"type": "function", "function": {"name": "multiply",
-            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
-    ])
-}
-
-fn text_of(chunks: &[Value]) -> String {
-    chunks
-        .iter()
-        .filter_map(|c| c.pointer("/choices/0/delta/content").and_then(Value::as_str))
-        .collect()
-}
 
 #[test]
 fn the_provider_gets_the_messages_api_with_its_own_credential() {
@@ -176,7 +159,7 @@ fn json_schema_is_answered_through_a_forced_tool() {
     body["stream"] = json!(true);
     let (chunks, done) = stream_chunks(&gw.chat(body), "fakeanthropic/ok");
     assert!(done);
-    let streamed: Value = serde_json::from_str(&text_of(&chunks)).unwrap();
+    let streamed: Value = serde_json::from_str(&text_of(&chunks, 0)).unwrap();
     assert!(streamed["city"].is_string());
 }
 

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{DEV_KEY, Gateway, ask, stream_chunks};
+use common::{DEV_KEY, Gateway, ask, stream_chunks, text_of};
 use serde_json::{Value, json};
 
 fn tools() -> Value {
@@ -20,16 +20,6 @@ fn tools() -> Value {
         {"type": "function", "function": {"name": "multiply",
             "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
     ])
-}
-
-/// The text of choice `index` across the chunks.
-fn text_of(chunks: &[Value], index: u64) -> String {
-    chunks
-        .iter()
-        .flat_map(|c| c["choices"].as_array().cloned().unwrap_or_default())
-        .filter(|c| c["index"] == index)
-        .filter_map(|c| c["delta"]["content"].as_str().map(str::to_string))
-        .collect()
 }
 
 #[test]

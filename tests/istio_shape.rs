@@ -18,7 +18,7 @@ mod common;
 use std::path::Path;
 
 use common::envoy::{self, Envoy};
-use common::{DEV_KEY_SHA256, Gateway, stream_chunks, wasm_path};
+use common::{DEV_KEY_SHA256, Gateway, stream_chunks, text_of, wasm_path};
 use serde_json::{Value, json};
 use serde_yaml::Value as Yaml;
 use waygate_fakes::FakeProviders;
@@ -251,11 +251,7 @@ fn falls_back_to_the_next_provider(gw: &Gateway) {
     assert_eq!(r.header("x-waygate-attempts"), Some("openai:503,anthropic:200"));
     let (chunks, done) = stream_chunks(&r, "chain/x");
     assert!(done);
-    let text: String = chunks
-        .iter()
-        .filter_map(|c| c.pointer("/choices/0/delta/content").and_then(Value::as_str))
-        .collect();
-    assert_eq!(text, "word1 word2 word3 word4 word5");
+    assert_eq!(text_of(&chunks, 0), "word1 word2 word3 word4 word5");
     // Each provider got its own API at its own authority.
     let got = gw.fakes.received();
     let paths: Vec<&str> = got.iter().map(|r| r.path.as_str()).collect();

@@ -10,6 +10,7 @@ mod common;
 
 use common::{
     Gateway, ask, assert_a_cut_stream_never_ends_with_done, assert_legacy_completions_go_through_chat, stream_chunks,
+    text_of, tools,
 };
 use serde_json::{Value, json};
 
@@ -78,23 +79,6 @@ impl Api {
         body["stream"] = json!(true);
         body
     }
-}
-
-fn tools() -> Value {
-    json!([
-        {"type": "function", "function": {"name": "add", "description": "Adds two numbers",
-            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                "required": ["a", "b"]}}},
-        {"type": "function", "function": {"name": "multiply",
-            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
-    ])
-}
-
-fn text_of(chunks: &[Value]) -> String {
-    chunks
-        .iter()
-        .filter_map(|c| c.pointer("/choices/0/delta/content").and_then(Value::as_str))
-        .collect()
 }
 
 #[test]
@@ -216,7 +200,7 @@ fn a_text_stream_has_role_first_usage_when_asked_and_done_last() {
         let (chunks, done) = stream_chunks(&gw.chat(body), &api.model("long-6"));
         assert!(done, "{}", api.provider);
         assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-        assert_eq!(text_of(&chunks), "word1 word2 word3 word4 word5 word6");
+        assert_eq!(text_of(&chunks, 0), "word1 word2 word3 word4 word5 word6");
         let n = chunks.len();
         assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "stop");
         assert_eq!(chunks[n - 1]["choices"], json!([]));

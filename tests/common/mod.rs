@@ -539,6 +539,27 @@ fn dechunk(mut rest: &[u8]) -> (Vec<u8>, bool) {
     }
 }
 
+/// Two function tools, `add` (described, with required parameters) and `multiply`.
+pub fn tools() -> Value {
+    serde_json::json!([
+        {"type": "function", "function": {"name": "add", "description": "Adds two numbers",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"]}}},
+        {"type": "function", "function": {"name": "multiply",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
+    ])
+}
+
+/// The text of choice `index` across a stream's chunks.
+pub fn text_of(chunks: &[Value], index: u64) -> String {
+    chunks
+        .iter()
+        .flat_map(|c| c["choices"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["index"] == index)
+        .filter_map(|c| c["delta"]["content"].as_str().map(str::to_string))
+        .collect()
+}
+
 /// A one-message chat request for `model`.
 pub fn ask(model: &str) -> Value {
     serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Say hello"}]})

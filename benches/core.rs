@@ -22,8 +22,9 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::Value;
 use waygate::answer::Stamp;
 use waygate::config::{Api, Config};
-use waygate::exchange::{Exchange, HeadersAction, ResponseAction, ResponseHead};
+use waygate::exchange::{Exchange, HeadersAction, ResponseAction};
 use waygate::limits::{SharedStore, StoreError};
+use waygate::metrics::Timing;
 use waygate::providers;
 use waygate::request::{self, Operation};
 use waygate::stream::StreamRewriter;
@@ -89,19 +90,12 @@ fn exchange_once(config: &Rc<Config>, headers: &[(Vec<u8>, Vec<u8>)], body: &[u8
     assert_eq!(step.action, HeadersAction::ReadBody);
     let forward = ex.on_request_body(body, 1_755_000_000, &mut NoLimits).unwrap();
     black_box(&forward);
-    let head = ResponseHead {
-        status: 200,
-        content_type: Some(b"application/json"),
-        retry_after: None,
-        code_details: Some("via_upstream"),
-        ratelimit_reset: None,
-    };
-    let (action, _) = ex.on_response_headers(&head, false);
-    assert_eq!(action, ResponseAction::Buffer);
+    let head = [(":status", "200"), ("content-type", "application/json")];
+    let step = ex.on_response_headers(&head, || None, false);
+    assert_eq!(step.action, ResponseAction::Buffer);
     let rewrite = ex.on_buffered_body(answer);
     assert_eq!(rewrite.status, 200);
-    ex.settle(&mut NoLimits, 1_755_000_001);
-    black_box(ex.access_log(3));
+    black_box(ex.on_log(&mut NoLimits, 1_755_000_001, Timing::default(), 3));
     rewrite.body
 }
 

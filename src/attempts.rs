@@ -14,6 +14,10 @@ use std::rc::Rc;
 use crate::config::Provider;
 use crate::errors::Header;
 
+/// Followed by `n`: the filter state naming attempt `n`'s cluster
+/// (`wasm.waygate_slot_<n>` in the route's matcher).
+pub const SLOT_PROPERTY: &str = "waygate_slot_";
+
 /// One candidate's request, translated for its provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {

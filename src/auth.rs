@@ -2,6 +2,8 @@
 //! and a lookup that compares against every configured digest without
 //! short-circuiting, so timing does not tell how much of a digest matched.
 
+use std::rc::Rc;
+
 use sha2::{Digest, Sha256};
 
 use crate::config::Key;
@@ -38,7 +40,7 @@ fn trim(mut s: &[u8]) -> &[u8] {
 }
 
 /// Finds the key whose digest matches `token`.
-pub fn authenticate<'k>(keys: &'k [Key], token: &[u8]) -> Result<&'k Key, ApiError> {
+pub fn authenticate<'k>(keys: &'k [Rc<Key>], token: &[u8]) -> Result<&'k Rc<Key>, ApiError> {
     let invalid = || ApiError::new(401, ErrorType::Authentication, "invalid_api_key", "Invalid API key.");
     if token.is_empty() {
         return Err(invalid());
@@ -51,10 +53,10 @@ pub fn authenticate<'k>(keys: &'k [Key], token: &[u8]) -> Result<&'k Key, ApiErr
 /// compared, wherever (or whether) the match is, so the time taken does not
 /// tell which key matched.
 fn find_digest<'k>(
-    keys: &'k [Key],
+    keys: &'k [Rc<Key>],
     digest: &[u8; 32],
     mut eq: impl FnMut(&[u8; 32], &[u8; 32]) -> bool,
-) -> Option<&'k Key> {
+) -> Option<&'k Rc<Key>> {
     let mut found = None;
     for key in keys {
         if eq(&key.sha256, digest) {
@@ -83,14 +85,14 @@ mod tests {
     use super::*;
     use crate::glob::Glob;
 
-    fn key(token: &str, models: Option<&[&str]>) -> Key {
-        Key {
+    fn key(token: &str, models: Option<&[&str]>) -> Rc<Key> {
+        Rc::new(Key {
             id: format!("id-{token}"),
             sha256: Sha256::digest(token.as_bytes()).into(),
             models: models.map(|m| m.iter().map(|g| Glob::new(g)).collect()),
             requests_per_minute: None,
             tokens_per_minute: None,
-        }
+        })
     }
 
     #[test]
@@ -135,7 +137,7 @@ mod tests {
 
     #[test]
     fn key_lookup_compares_every_key_wherever_the_match_is() {
-        let keys: Vec<Key> = (0..5).map(|i| key(&format!("k{i}"), None)).collect();
+        let keys: Vec<Rc<Key>> = (0..5).map(|i| key(&format!("k{i}"), None)).collect();
         for (token, expect) in [
             ("k0", Some("id-k0")),
             ("k2", Some("id-k2")),

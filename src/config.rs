@@ -66,7 +66,7 @@ pub struct Config {
     pub max_provider_tries: u32,
     pub fallback: Fallback,
     pub limits: Limits,
-    pub keys: Vec<Key>,
+    pub keys: Vec<Rc<Key>>,
     /// Shared with every candidate, attempt and answer that names one: a
     /// provider is held, never looked up again.
     pub providers: Vec<Rc<Provider>>,
@@ -379,8 +379,8 @@ fn validate_models(raw: Vec<RawModel>, providers: &[Rc<Provider>], problems: &mu
     models
 }
 
-fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Vec<Key> {
-    let mut keys: Vec<Key> = Vec::with_capacity(raw.len());
+fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Vec<Rc<Key>> {
+    let mut keys: Vec<Rc<Key>> = Vec::with_capacity(raw.len());
     for (i, k) in raw.into_iter().enumerate() {
         let at = format!("keys[{i}] ({:?})", k.id);
         if k.id.is_empty() {
@@ -407,13 +407,13 @@ fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Vec<Key> {
                 problems.push(format!("{at}: {name} must be at least 1"));
             }
         }
-        keys.push(Key {
+        keys.push(Rc::new(Key {
             id: k.id,
             sha256,
             models: k.models.map(|globs| globs.iter().map(|g| Glob::new(g)).collect()),
             requests_per_minute: k.requests_per_minute,
             tokens_per_minute: k.tokens_per_minute,
-        });
+        }));
     }
     keys
 }

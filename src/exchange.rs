@@ -1,12 +1,16 @@
 //! The life of one request, as a state machine the shell drives.
 //!
-//! Each method takes what the host showed in one callback and returns what
-//! to change: headers to remove or set, a body, or a local reply. Nothing
-//! here calls the host, so the whole request path runs natively in tests.
+//! Each method takes what the host showed in one callback and returns one
+//! step for the shell to apply: headers to remove or set, a body, filter
+//! state, or a local reply. Nothing here calls the host, so the whole
+//! request path runs natively in tests.
 //!
-//! Phases: request headers (contract §4 checks up to the size) → request body
-//! (parse, resolve, authorise, route, translate) → response headers (stream
-//! or buffer) → response body (translate) → access log.
+//! A request goes through [`State`]: its headers are checked (contract §4, up
+//! to the size) → its body is read (parse, resolve, authorise, route,
+//! translate) → upstream → the answer streamed, buffered, or replaced by a
+//! fallback call's → done, and [`Exchange::on_log`] writes what it was.
+//! Each state holds the data only it needs; what the log and the stats say
+//! of the request is gathered in one [`Record`] beside it.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -14,9 +18,9 @@ use std::rc::Rc;
 use serde_json::{Value, json};
 
 use crate::answer::{self, Stamp};
-use crate::attempts::{Attempts, Prepared};
+use crate::attempts::{self, Attempts, Prepared};
 use crate::auth;
-use crate::config::{Api, Config, Fallback, Limits, Provider};
+use crate::config::{Api, Config, Fallback, Key, Limits, Provider};
 use crate::errors::{ApiError, ErrorType, Header};
 use crate::ids::new_id;
 use crate::limits::{self, SharedStore, Standing};
@@ -34,16 +38,6 @@ pub struct Reply {
     pub status: u16,
     pub headers: Vec<Header>,
     pub body: Vec<u8>,
-}
-
-impl Reply {
-    fn error(e: &ApiError) -> Reply {
-        Reply {
-            status: e.status,
-            headers: e.headers(),
-            body: e.body(),
-        }
-    }
 }
 
 /// What to do at the end of the request headers.
@@ -64,16 +58,26 @@ pub struct HeadersStep {
     pub action: HeadersAction,
 }
 
-/// The rewritten request to send upstream.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The filter state `wasm.waygate_key_id`: the client key's id, for Envoy's
+/// rate limit descriptors and access log (README "Limits and stats").
+pub const KEY_ID_PROPERTY: &str = "waygate_key_id";
+
+/// The rewritten request to send upstream, applied in field order.
+#[derive(Debug, Clone)]
 pub struct Forward {
-    /// Applied first.
-    pub remove: Vec<String>,
-    /// Applied after `remove`; each replaces any existing value.
-    pub set: Vec<Header>,
     /// The body to send instead of the client's; `None` leaves it as sent
     /// (router fallback: each attempt replaces it).
     pub body: Option<Vec<u8>>,
+    /// Removed first.
+    pub remove: Vec<String>,
+    /// Set after `remove`; each replaces any existing value.
+    pub set: Vec<Header>,
+    /// Filter state published before the request goes on (the filters after
+    /// ours and the route read it): [`KEY_ID_PROPERTY`], and with router
+    /// fallback each attempt's cluster ([`attempts::SLOT_PROPERTY`]).
+    pub properties: Vec<(String, String)>,
+    /// With router fallback: the attempts, handed to the upstream role.
+    pub routed: Option<Rc<RefCell<Attempts>>>,
 }
 
 /// What to do at the end of the response headers.
@@ -87,10 +91,21 @@ pub enum ResponseAction {
     /// Hold the headers, buffer the whole body, then call
     /// [`Exchange::on_buffered_body`].
     Buffer,
+    /// The final answer is known already (a headers-only answer, or a
+    /// refusal by a filter after ours): it replaces the upstream one.
+    Answer(Rewrite),
     /// This attempt failed before any byte reached the client: hold the
     /// response (its body is dropped) and send this call to the next
     /// candidate; its answer comes to [`Exchange::on_call_response`].
     Fallback(Call),
+}
+
+/// Result of the response-headers phase: `scrub` applies first (the
+/// upstream headers that echo a credential, with the value to set instead).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseStep {
+    pub scrub: Vec<Header>,
+    pub action: ResponseAction,
 }
 
 /// A fallback attempt, sent with `dispatch_http_call`.
@@ -122,37 +137,24 @@ pub struct Rewrite {
     pub body: Vec<u8>,
 }
 
-/// Facts about the upstream response the shell reads in its headers callback.
-#[derive(Debug, Clone, Default)]
-pub struct ResponseHead<'a> {
-    pub status: u16,
-    pub content_type: Option<&'a [u8]>,
-    pub retry_after: Option<&'a [u8]>,
-    /// Envoy's `response.code_details`: `via_upstream` for a real upstream
-    /// answer; router-made replies (connect failure, timeout) say otherwise,
-    /// and so do the replies of filters after ours (Envoy's rate limit filter).
-    /// `None` when not read: the shell reads it only for a non-2xx status.
-    pub code_details: Option<&'a str>,
-    /// `x-ratelimit-reset`, which Envoy's rate limit filter may add.
-    pub ratelimit_reset: Option<&'a [u8]>,
-}
-
-#[derive(Debug)]
-enum Phase {
-    Start,
-    PassThrough,
-    Replied,
-    ReadingBody(Operation),
-    Upstream,
+/// Where the request is, as far as the shell's response callbacks care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Not ours, or answered already: every response callback passes.
+    Untouched,
+    /// Sent upstream, its response headers not yet here.
+    Awaiting,
+    /// The upstream answer failed and is held while fallback calls run.
     Calling,
     Streaming,
-    Buffering {
-        status: u16,
-        retry_after: Option<String>,
-        router_error: bool,
-        event_stream: bool,
-    },
-    Done,
+    Buffering,
+}
+
+/// What `on_log` hands the host: the stats to change and the access log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Log {
+    pub metrics: Vec<metrics::Update>,
+    pub line: String,
 }
 
 /// The client's request, read, and the id, model and time its answer carries.
@@ -161,38 +163,113 @@ struct Asked {
     stamp: Stamp,
 }
 
+/// The candidates not yet tried, and how many more may be.
+struct Plan {
+    candidates: std::vec::IntoIter<Candidate>,
+    tries_left: usize,
+}
+
+impl Plan {
+    /// The next candidate whose API can express `request`, translated for it,
+    /// while tries remain; the first refusal is kept in `refusal`.
+    /// Translation starts from the parsed original every time, so it is the
+    /// same whichever attempt it is.
+    fn next(
+        &mut self,
+        request: &ParsedRequest,
+        routing_field: &str,
+        refusal: &mut Option<ApiError>,
+    ) -> Option<(Rc<Provider>, UpstreamRequest)> {
+        if self.tries_left == 0 {
+            return None;
+        }
+        for candidate in self.candidates.by_ref() {
+            let provider = candidate.provider;
+            match providers::build_request(&provider, request, &candidate.upstream_model, routing_field) {
+                Ok(upstream) => {
+                    self.tries_left -= 1;
+                    return Some((provider, upstream));
+                }
+                Err(e) => {
+                    log::info!("waygate: provider {} skipped: {}", provider.id, e.message);
+                    refusal.get_or_insert(e);
+                }
+            }
+        }
+        None
+    }
+}
+
+/// How a failed attempt is followed.
+enum Next {
+    /// `"http_call"`: the filter calls the next candidate itself.
+    Call(Plan),
+    /// `"router"`: Envoy's router has made the attempts by the time the
+    /// response headers come; the upstream role reports each one here.
+    Router(Rc<RefCell<Attempts>>),
+}
+
+/// A request on its way: what was asked, the provider serving it now, and
+/// how a failure goes on.
+struct Routed {
+    asked: Asked,
+    provider: Rc<Provider>,
+    next: Next,
+}
+
+/// A buffered upstream answer's head.
+struct Held {
+    status: u16,
+    retry_after: Option<String>,
+    /// Envoy's own failure (connect failure, reset, timeout), not a provider's answer.
+    router_error: bool,
+    event_stream: bool,
+}
+
+enum State {
+    Start,
+    /// Not ours: nothing to do, nothing to log.
+    PassThrough,
+    /// Headers accepted; the body is being read. `key_headers`: request
+    /// headers besides `authorization` that carry the client's key (SDKs also
+    /// send it as `x-api-key`, `api-key`, ...), never forwarded.
+    Reading {
+        op: Operation,
+        key_headers: Vec<String>,
+    },
+    /// Sent upstream, waiting for the response headers.
+    Upstream(Routed),
+    /// A fallback call is out.
+    Calling(Routed),
+    Streaming(Box<StreamRewriter>),
+    Buffering(Routed, Held),
+    /// Answered (locally or upstream); only the log is left.
+    Done,
+}
+
+/// What the access log and the stats say of the request, gathered as it
+/// goes. Every `None` is a request that ended before the fact was known.
+#[derive(Default)]
+struct Record {
+    key: Option<Rc<Key>>,
+    title: Option<String>,
+    referer: Option<String>,
+    model: Option<String>,
+    /// Every attempt made: its provider and outcome (a status, or `error`).
+    attempts: Vec<(Rc<Provider>, String)>,
+    status: u16,
+    /// The contract code of the error answered, if any.
+    error_code: Option<String>,
+    usage: Option<Usage>,
+    /// The key's limits and use, when it has limits.
+    standing: Option<Standing>,
+}
+
 /// One request's state.
 pub struct Exchange {
     config: Rc<Config>,
-    phase: Phase,
-    key_id: Option<String>,
-    title: Option<String>,
-    referer: Option<String>,
-    /// Once the body is read: the request and what its answer is stamped with.
-    asked: Option<Asked>,
-    /// The provider currently serving, and every attempt made so far.
-    provider: Option<Rc<Provider>>,
-    attempts: Vec<(Rc<Provider>, String)>,
-    /// Candidates in order, the next one to try, and the bound on tries.
-    plan: Vec<Candidate>,
-    next: usize,
-    max_tries: usize,
-    /// Why the first candidate that could not express the request refused.
-    refusal: Option<ApiError>,
-    /// With `"fallback": "router"`: the attempts Envoy's router makes, shared
-    /// with the upstream filter contexts that apply them and report back.
-    routed: Option<Rc<RefCell<Attempts>>>,
-    /// The key's limits and use, when it has limits; tokens counted once.
-    standing: Option<Standing>,
-    /// Request headers besides `authorization` that carry the client's key
-    /// (SDKs also send it as `x-api-key`, `api-key`, ...): never forwarded.
-    key_headers: Vec<String>,
-    settled: bool,
-    /// The contract code of the error answered, if any.
-    error_code: Option<String>,
-    stream: Option<StreamRewriter>,
-    status: u16,
-    usage: Option<Usage>,
+    state: State,
+    record: Record,
 }
 
 const HOP_HEADERS_TO_DROP: [&str; 3] = ["authorization", "accept-encoding", "content-length"];
@@ -225,25 +302,8 @@ impl Exchange {
     pub fn new(config: Rc<Config>) -> Exchange {
         Exchange {
             config,
-            phase: Phase::Start,
-            key_id: None,
-            title: None,
-            referer: None,
-            asked: None,
-            provider: None,
-            attempts: Vec::new(),
-            plan: Vec::new(),
-            next: 0,
-            max_tries: 0,
-            refusal: None,
-            routed: None,
-            standing: None,
-            key_headers: Vec::new(),
-            settled: false,
-            error_code: None,
-            stream: None,
-            status: 0,
-            usage: None,
+            state: State::Start,
+            record: Record::default(),
         }
     }
 
@@ -255,12 +315,7 @@ impl Exchange {
         end_of_stream: bool,
     ) -> HeadersStep {
         let cfg = Rc::clone(&self.config);
-        let header = |name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| k.as_ref() == name.as_bytes())
-                .map(|(_, v)| v.as_ref())
-        };
+        let header = |name: &str| header_in(pairs, name);
         let mut remove: Vec<String> = Vec::new();
         for (name, _) in pairs {
             let Ok(name) = std::str::from_utf8(name.as_ref()) else {
@@ -273,18 +328,18 @@ impl Exchange {
         let path = header(":path").unwrap_or_default();
         let path = path.split(|b| *b == b'?').next().unwrap_or_default();
         let Some(sub) = under_base(path, cfg.base_path.as_bytes()) else {
-            self.phase = Phase::PassThrough;
+            self.state = State::PassThrough;
             return HeadersStep {
                 remove,
                 action: HeadersAction::Continue,
             };
         };
-        self.title = header("x-title").map(printable);
-        self.referer = header("http-referer").map(printable);
+        self.record.title = header("x-title").map(printable);
+        self.record.referer = header("http-referer").map(printable);
         let action = match self.check_head(&cfg, sub, &header, end_of_stream) {
             Ok(Some(op)) => {
-                self.phase = Phase::ReadingBody(op);
-                self.key_headers = key_headers(pairs, header("authorization"));
+                let key_headers = key_headers(pairs, header("authorization"));
+                self.state = State::Reading { op, key_headers };
                 HeadersAction::ReadBody
             }
             Ok(None) => HeadersAction::Reply(self.reply(self.models_listing())),
@@ -303,8 +358,7 @@ impl Exchange {
         end_of_stream: bool,
     ) -> Result<Option<Operation>, ApiError> {
         let token = auth::bearer_token(header("authorization"))?;
-        let key = auth::authenticate(&cfg.keys, token)?;
-        self.key_id = Some(key.id.clone());
+        self.record.key = Some(Rc::clone(auth::authenticate(&cfg.keys, token)?));
 
         let method = header(":method").unwrap_or_default();
         let (op, allowed) = match sub {
@@ -347,7 +401,9 @@ impl Exchange {
             return Err(too_large(cfg.max_request_bytes));
         }
         if end_of_stream {
-            return Err(ApiError::bad_request("invalid_json", "body", "Request body is empty.").without_param());
+            let mut e = ApiError::bad_request("invalid_json", "body", "Request body is empty.");
+            e.param = None;
+            return Err(e);
         }
         Ok(Some(op))
     }
@@ -355,7 +411,7 @@ impl Exchange {
     /// A request body chunk arrived; `total` bytes are buffered so far.
     /// Returns a reply when the body is already too large.
     pub fn on_request_body_progress(&mut self, total: usize) -> Option<Reply> {
-        if !matches!(self.phase, Phase::ReadingBody(_)) {
+        if !self.wants_body() {
             return None;
         }
         if u64::try_from(total).unwrap_or(u64::MAX) > self.config.max_request_bytes {
@@ -367,18 +423,18 @@ impl Exchange {
 
     /// Whether the shell should read the body at all (false after a reply).
     pub fn wants_body(&self) -> bool {
-        matches!(self.phase, Phase::ReadingBody(_))
+        matches!(self.state, State::Reading { .. })
     }
 
     /// The whole request body is here. `now` is unix seconds.
     /// `store` holds the per-key limit counters shared by every worker.
     pub fn on_request_body(&mut self, body: &[u8], now: u64, store: &mut dyn SharedStore) -> Result<Forward, Reply> {
-        let Phase::ReadingBody(op) = self.phase else {
-            return Err(self.reply_error(&internal("request body in an unexpected phase")));
+        let State::Reading { op, key_headers } = std::mem::replace(&mut self.state, State::Done) else {
+            return Err(self.fail("request body in an unexpected phase"));
         };
-        match self.route(op, body, now, store) {
-            Ok(forward) => {
-                self.phase = Phase::Upstream;
+        match self.route(op, &key_headers, body, now, store) {
+            Ok((routed, forward)) => {
+                self.state = State::Upstream(routed);
                 Ok(forward)
             }
             Err(e) => Err(self.reply_error(&e)),
@@ -388,18 +444,19 @@ impl Exchange {
     fn route(
         &mut self,
         op: Operation,
+        key_headers: &[String],
         body: &[u8],
         now: u64,
         store: &mut dyn SharedStore,
-    ) -> Result<Forward, ApiError> {
+    ) -> Result<(Routed, Forward), ApiError> {
         let cfg = Rc::clone(&self.config);
         if u64::try_from(body.len()).unwrap_or(u64::MAX) > cfg.max_request_bytes {
             return Err(too_large(cfg.max_request_bytes));
         }
         let request = request::parse(op, body)?;
         let defaults = routing::resolve(&cfg, &request.model)?;
-        let key = cfg.keys.iter().find(|k| Some(&k.id) == self.key_id.as_ref());
-        if key.is_some_and(|k| !auth::may_use(k, &request.model)) {
+        let key = self.record.key.clone();
+        if key.as_ref().is_some_and(|k| !auth::may_use(k, &request.model)) {
             return Err(ApiError::new(
                 403,
                 ErrorType::Permission,
@@ -409,7 +466,7 @@ impl Exchange {
             .with_param("model"));
         }
         if let Some(key) = key.filter(|_| cfg.limits == Limits::Local) {
-            self.standing = limits::admit(store, key, now)?;
+            self.record.standing = limits::admit(store, &key, now)?;
         }
         let directive = routing::parse_directive(&cfg, request.member(&cfg.routing_field)?.as_ref())?;
         // Named in the 503 if nothing is left: the usual cause is an unset key.
@@ -418,8 +475,10 @@ impl Exchange {
             .filter(|c| c.provider.credential.is_none())
             .map(|c| c.provider.id.clone())
             .collect();
-        self.plan = routing::plan(defaults, &directive);
-        self.max_tries = routing::max_tries(&cfg, &directive);
+        let mut plan = Plan {
+            candidates: routing::plan(defaults, &directive).into_iter(),
+            tries_left: routing::max_tries(&cfg, &directive),
+        };
         let prefix = match op {
             Operation::Chat => "chatcmpl_",
             Operation::Completions => "cmpl_",
@@ -430,125 +489,152 @@ impl Exchange {
             model: request.model.clone(),
             created: now,
         };
-        let model = request.model.clone();
-        self.asked = Some(Asked { request, stamp });
+        self.record.model = Some(request.model.clone());
+        let asked = Asked { request, stamp };
+        let mut refusal = None;
+        let mut properties: Vec<(String, String)> = Vec::new();
+        if let Some(key) = &self.record.key {
+            // Before the request goes on: the rate limit filter after us reads it.
+            properties.push((KEY_ID_PROPERTY.into(), key.id.clone()));
+        }
 
         if cfg.fallback == Fallback::Router {
-            return self.prepare_attempts(&model, &keyless);
-        }
-        match self.next_upstream() {
-            Some((provider, upstream)) => Ok(self.forward(&cfg, &provider, upstream)),
-            None => Err(self
-                .refusal
-                .take()
-                .unwrap_or_else(|| routing::no_provider(&model, &keyless))),
-        }
-    }
-
-    /// Builds the request for the next candidate whose API can express it,
-    /// while tries remain. Translation starts from the parsed original every
-    /// time, so it is the same whichever attempt it is.
-    fn next_upstream(&mut self) -> Option<(Rc<Provider>, UpstreamRequest)> {
-        if self.attempts.len() >= self.max_tries {
-            return None;
-        }
-        let cfg = Rc::clone(&self.config);
-        let request = &self.asked.as_ref()?.request;
-        while let Some(candidate) = self.plan.get(self.next) {
-            self.next += 1;
-            let provider = &candidate.provider;
-            match providers::build_request(provider, request, &candidate.upstream_model, &cfg.routing_field) {
-                Ok(upstream) => {
-                    self.provider = Some(Rc::clone(provider));
-                    return Some((Rc::clone(provider), upstream));
-                }
-                Err(e) => {
-                    log::info!("waygate: provider {} skipped: {}", provider.id, e.message);
-                    self.refusal.get_or_insert(e);
-                }
+            let mut prepared: Vec<Prepared> = Vec::new();
+            while let Some((provider, upstream)) = plan.next(&asked.request, &cfg.routing_field, &mut refusal) {
+                let (set, body) = request_headers(&provider, upstream);
+                prepared.push(Prepared { provider, set, body });
             }
-        }
-        None
-    }
-
-    fn forward(&self, cfg: &Config, provider: &Provider, upstream: UpstreamRequest) -> Forward {
-        let (mut set, body) = request_headers(provider, upstream);
-        set.push((cfg.cluster_header.clone(), provider.cluster.clone()));
-        // The provider's time budget for this attempt: the route itself has no
-        // timeout (it would cut long streams), and Envoy's router honours this
-        // header as the attempt's timeout.
-        set.push(("x-envoy-upstream-rq-timeout-ms".into(), provider.timeout_ms.to_string()));
-        // Setting a header replaces it: removing one that is set anyway
-        // (content-length, and authorization for OpenAI's API) is a wasted host call.
-        let mut remove: Vec<String> = Vec::new();
-        for name in HOP_HEADERS_TO_DROP
-            .into_iter()
-            .chain(self.key_headers.iter().map(String::as_str))
-        {
-            if !set.iter().any(|(k, _)| k == name) && !remove.iter().any(|r| r == name) {
-                remove.push(name.to_string());
-            }
-        }
-        Forward {
-            remove,
-            set,
-            body: Some(body),
-        }
-    }
-
-    /// Router fallback: every attempt the request may make, translated now
-    /// (in order, bounded by the tries), and the downstream request that
-    /// carries them to the router: the routed route's marker, the retries
-    /// allowed, and the client's key removed. The body is left as the client
-    /// sent it; each attempt replaces it. The shell publishes each attempt's
-    /// cluster for the route's matcher ([`Attempts::clusters`]).
-    fn prepare_attempts(&mut self, model: &str, keyless: &[String]) -> Result<Forward, ApiError> {
-        let mut prepared: Vec<Prepared> = Vec::new();
-        while prepared.len() < self.max_tries {
-            let Some((provider, upstream)) = self.next_upstream() else {
-                break;
+            let Some(first) = prepared.first().map(|p| Rc::clone(&p.provider)) else {
+                return Err(refusal.unwrap_or_else(|| routing::no_provider(&asked.request.model, &keyless)));
             };
-            let (set, body) = request_headers(&provider, upstream);
-            prepared.push(Prepared { provider, set, body });
+            let (forward, attempts) = route_attempts(prepared, key_headers, properties);
+            let routed = Routed {
+                asked,
+                provider: first,
+                next: Next::Router(attempts),
+            };
+            return Ok((routed, forward));
         }
-        let Some(first) = prepared.first() else {
-            return Err(self
-                .refusal
-                .take()
-                .unwrap_or_else(|| routing::no_provider(model, keyless)));
+        let Some((provider, upstream)) = plan.next(&asked.request, &cfg.routing_field, &mut refusal) else {
+            return Err(refusal.unwrap_or_else(|| routing::no_provider(&asked.request.model, &keyless)));
         };
-        self.provider = Some(Rc::clone(&first.provider));
-        // Envoy's per-try timeout is one value for every attempt: the shortest
-        // budget of the candidates, so no provider runs past its own.
-        let per_try_ms = prepared.iter().map(|p| p.provider.timeout_ms).min().unwrap_or(0);
-        let set: Vec<Header> = vec![
-            (ROUTED_HEADER.into(), "1".into()),
-            ("x-envoy-max-retries".into(), (prepared.len() - 1).to_string()),
-            ("x-envoy-upstream-rq-per-try-timeout-ms".into(), per_try_ms.to_string()),
-        ];
-        let mut cleared: Vec<String> = HOP_HEADERS_TO_DROP
-            .iter()
-            .filter(|h| **h != "content-length")
-            .map(|h| (*h).to_string())
-            .collect();
-        cleared.extend(self.key_headers.iter().cloned());
-        let attempts = Attempts::new(prepared, &cleared);
-        self.routed = Some(Rc::new(RefCell::new(attempts)));
-        Ok(Forward {
-            remove: cleared,
-            set,
-            body: None,
-        })
+        let forward = forward(&cfg, &provider, upstream, key_headers, properties);
+        let routed = Routed {
+            asked,
+            provider,
+            next: Next::Call(plan),
+        };
+        Ok((routed, forward))
     }
 
-    /// With router fallback, the attempts to share with the upstream filter.
-    pub fn routed_attempts(&self) -> Option<Rc<RefCell<Attempts>>> {
-        self.routed.clone()
+    /// Where the request is, for the shell's response callbacks.
+    pub fn stage(&self) -> Stage {
+        match self.state {
+            State::Upstream(_) => Stage::Awaiting,
+            State::Calling(_) => Stage::Calling,
+            State::Streaming(_) => Stage::Streaming,
+            State::Buffering(..) => Stage::Buffering,
+            State::Start | State::PassThrough | State::Reading { .. } | State::Done => Stage::Untouched,
+        }
+    }
+
+    /// Response headers arrived, as lowercase name / raw value pairs.
+    /// `code_details` reads Envoy's `response.code_details`, which is asked
+    /// for only when the status is not 2xx (a host call per request
+    /// otherwise): `via_upstream` for a real upstream answer; router-made
+    /// replies (connect failure, timeout) say otherwise, and so do the
+    /// replies of filters after ours (Envoy's rate limit filter).
+    pub fn on_response_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &mut self,
+        pairs: &[(K, V)],
+        code_details: impl FnOnce() -> Option<Vec<u8>>,
+        end_of_stream: bool,
+    ) -> ResponseStep {
+        let mut routed = match std::mem::replace(&mut self.state, State::Done) {
+            State::Upstream(routed) => routed,
+            // Only the awaited answer is ours (not our own reply passing back).
+            other => {
+                self.state = other;
+                return self.response_step(pairs, ResponseAction::Continue);
+            }
+        };
+        let head = ResponseHead::read(pairs);
+        let details = if (200..300).contains(&head.status) {
+            None
+        } else {
+            code_details()
+        };
+        let details = details.as_deref().and_then(|d| std::str::from_utf8(d).ok());
+        let ratelimit_reset = header_in(pairs, "x-ratelimit-reset");
+        if let Some(e) = details.and_then(|d| limits::envoy_refusal(d, ratelimit_reset)) {
+            // Envoy's rate limit filter refused before any provider was tried.
+            let answer = self.rewrite_error(&e, false);
+            return self.response_step(pairs, ResponseAction::Answer(answer));
+        }
+        let router_error = details.is_some_and(|d| d != "via_upstream");
+        match &routed.next {
+            Next::Router(attempts) => {
+                // The router has made every attempt already; this is the last one's answer.
+                let outcomes = attempts.borrow().outcomes().to_vec();
+                match outcomes.last() {
+                    Some((provider, _)) => routed.provider = Rc::clone(provider),
+                    None => self.record_attempt(&routed.provider, head.status, true),
+                }
+                self.record.attempts.extend(outcomes);
+            }
+            Next::Call(_) => {
+                self.record_attempt(&routed.provider, head.status, router_error);
+                if retryable(head.status, router_error)
+                    && let Some(call) = self.next_call(&mut routed)
+                {
+                    self.state = State::Calling(routed);
+                    return self.response_step(pairs, ResponseAction::Fallback(call));
+                }
+            }
+        }
+        let ok = (200..300).contains(&head.status) && !router_error;
+        if ok && routed.asked.request.stream && head.event_stream && !end_of_stream {
+            let rewriter = new_rewriter(&routed.asked, &routed.provider);
+            self.state = State::Streaming(Box::new(rewriter));
+            self.record.status = head.status;
+            let mut set = vec![("content-type".to_string(), "text/event-stream".to_string())];
+            set.extend(self.attempt_headers(true));
+            let action = ResponseAction::Stream {
+                remove: vec!["content-length".into()],
+                set,
+            };
+            return self.response_step(pairs, action);
+        }
+        let held = Held {
+            status: head.status,
+            retry_after: head.retry_after,
+            router_error,
+            event_stream: head.event_stream,
+        };
+        self.state = State::Buffering(routed, held);
+        if end_of_stream {
+            let answer = self.on_buffered_body(&[]);
+            return self.response_step(pairs, ResponseAction::Answer(answer));
+        }
+        self.response_step(pairs, ResponseAction::Buffer)
+    }
+
+    /// `action`, with the upstream headers it lets through scrubbed.
+    fn response_step<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, pairs: &[(K, V)], action: ResponseAction) -> ResponseStep {
+        let scrub = match action {
+            // A provider may echo its credential in a header, too.
+            ResponseAction::Stream { .. } | ResponseAction::Buffer => self.scrub_headers(pairs),
+            _ => Vec::new(),
+        };
+        ResponseStep { scrub, action }
     }
 
     /// The next fallback call, if a candidate is left.
-    fn next_call(&mut self) -> Option<Call> {
-        let (provider, upstream) = self.next_upstream()?;
+    fn next_call(&mut self, routed: &mut Routed) -> Option<Call> {
+        let Next::Call(plan) = &mut routed.next else {
+            return None;
+        };
+        let (provider, upstream) = plan.next(&routed.asked.request, &self.config.routing_field, &mut None)?;
         let mut headers: Vec<Header> = vec![
             (":method".into(), "POST".into()),
             (":path".into(), upstream.path),
@@ -556,60 +642,67 @@ impl Exchange {
             ("content-type".into(), "application/json".into()),
         ];
         headers.extend(upstream.headers);
-        Some(Call {
+        let call = Call {
             cluster: provider.cluster.clone(),
             headers,
             body: upstream.body,
             timeout_ms: provider.timeout_ms,
-        })
+        };
+        routed.provider = provider;
+        Some(call)
     }
 
-    /// A fallback call's answer. `head.status` is 0 when the call was reset
-    /// (no headers at all).
-    pub fn on_call_response(&mut self, head: &ResponseHead<'_>, body: &[u8]) -> CallStep {
-        if !matches!(self.phase, Phase::Calling) {
+    /// A fallback call's answer, as lowercase name / raw value pairs and its
+    /// body; no `:status` when the call was reset (no headers at all).
+    pub fn on_call_response<K: AsRef<[u8]>, V: AsRef<[u8]>>(&mut self, pairs: &[(K, V)], body: &[u8]) -> CallStep {
+        let State::Calling(mut routed) = std::mem::replace(&mut self.state, State::Done) else {
             return CallStep::Reply(self.rewrite_error(&internal("call answer in an unexpected phase"), false));
-        }
+        };
+        let head = ResponseHead::read(pairs);
         // An http_call reports Envoy's own failures as ordinary responses;
         // only the router's text tells a connect failure or timeout apart.
         let router_error = head.status == 0 || is_envoy_local_reply(head.status, body);
-        self.record_attempt(head.status, router_error);
+        self.record_attempt(&routed.provider, head.status, router_error);
         if retryable(head.status, router_error)
-            && let Some(call) = self.next_call()
+            && let Some(call) = self.next_call(&mut routed)
         {
+            self.state = State::Calling(routed);
             return CallStep::Dispatch(call);
         }
-        self.phase = Phase::Buffering {
+        let held = Held {
             status: if head.status == 0 { 503 } else { head.status },
-            retry_after: head.retry_after.map(|v| String::from_utf8_lossy(v).trim().to_string()),
+            retry_after: head.retry_after,
             router_error,
-            event_stream: head
-                .content_type
-                .is_some_and(|ct| starts_with_ignore_case(ct, b"text/event-stream")),
+            event_stream: head.event_stream,
         };
+        self.state = State::Buffering(routed, held);
         CallStep::Reply(self.on_buffered_body(body))
     }
 
     /// The host refused to dispatch a fallback call (unknown cluster): that
     /// candidate counts as an attempt that failed to connect.
-    /// A fallback call's answer is over [`MAX_ANSWER_BYTES`] (its body unread).
-    pub fn on_call_too_large(&mut self, status: u16) -> CallStep {
-        if !matches!(self.phase, Phase::Calling) {
-            return CallStep::Reply(self.rewrite_error(&internal("call answer in an unexpected phase"), false));
-        }
-        self.record_attempt(status, false);
-        self.phase = Phase::Done;
-        CallStep::Reply(self.rewrite_error(&self.answer_too_large(), false))
+    pub fn on_call_refused(&mut self) -> CallStep {
+        self.on_call_response::<&[u8], &[u8]>(&[], &[])
+    }
+
+    /// A fallback call's answer is over [`MAX_ANSWER_BYTES`] (its body
+    /// unread); `status` is its status.
+    pub fn on_call_too_large(&mut self, status: u16) -> Rewrite {
+        let State::Calling(routed) = std::mem::replace(&mut self.state, State::Done) else {
+            return self.rewrite_error(&internal("call answer in an unexpected phase"), false);
+        };
+        self.record_attempt(&routed.provider, status, false);
+        self.rewrite_error(&self.answer_too_large(), false)
     }
 
     /// The buffered answer grew past [`MAX_ANSWER_BYTES`]: the final answer
     /// is a 502, and the rest of the upstream body is dropped.
     pub fn on_buffered_too_large(&mut self) -> Rewrite {
-        if !matches!(self.phase, Phase::Buffering { .. }) {
-            return self.rewrite_error(&internal("response body in an unexpected phase"), false);
-        }
-        self.phase = Phase::Done;
-        self.rewrite_error(&self.answer_too_large(), false)
+        let e = match std::mem::replace(&mut self.state, State::Done) {
+            State::Buffering(..) => self.answer_too_large(),
+            _ => internal("response body in an unexpected phase"),
+        };
+        self.rewrite_error(&e, false)
     }
 
     fn answer_too_large(&self) -> ApiError {
@@ -627,12 +720,9 @@ impl Exchange {
     /// Upstream response headers whose values carry the credential of a
     /// provider this request was sent to, with it scrubbed: the name and the
     /// value to set in place of every value of that name (joined with `, `).
-    pub fn scrub_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, pairs: &[(K, V)]) -> Vec<Header> {
-        let secrets: Vec<redact::Needle<'_>> = self
-            .sent_credentials()
-            .iter()
-            .map(|s| redact::Needle::new(s.as_bytes()))
-            .collect();
+    fn scrub_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, pairs: &[(K, V)]) -> Vec<Header> {
+        let sent = self.sent_credentials();
+        let secrets: Vec<redact::Needle<'_>> = sent.iter().map(|s| redact::Needle::new(s.as_bytes())).collect();
         let mut scrubbed: Vec<Header> = Vec::new();
         for (name, value) in pairs {
             if !secrets.iter().any(|s| s.find(value.as_ref(), 0).is_some()) {
@@ -658,153 +748,47 @@ impl Exchange {
         scrubbed
     }
 
-    pub fn on_call_refused(&mut self) -> CallStep {
-        self.on_call_response(&ResponseHead::default(), &[])
-    }
-
-    fn record_attempt(&mut self, status: u16, router_error: bool) {
+    fn record_attempt(&mut self, provider: &Rc<Provider>, status: u16, router_error: bool) {
         let outcome = if router_error {
             "error".to_string()
         } else {
             status.to_string()
         };
-        if let Some(p) = &self.provider {
-            self.attempts.push((Rc::clone(p), outcome));
-        }
+        self.record.attempts.push((Rc::clone(provider), outcome));
     }
 
-    /// Response headers arrived.
-    pub fn on_response_headers(
-        &mut self,
-        head: &ResponseHead<'_>,
-        end_of_stream: bool,
-    ) -> (ResponseAction, Option<Rewrite>) {
-        if !matches!(self.phase, Phase::Upstream) {
-            return (ResponseAction::Continue, None);
-        }
-        if let Some(e) = head
-            .code_details
-            .and_then(|d| limits::envoy_refusal(d, head.ratelimit_reset))
-        {
-            // Envoy's rate limit filter refused before any provider was tried.
-            self.phase = Phase::Done;
-            self.provider = None;
-            return (ResponseAction::Buffer, Some(self.rewrite_error(&e, false)));
-        }
-        let router_error = head.code_details.is_some_and(|d| d != "via_upstream");
-        if let Some(routed) = self.routed.clone() {
-            // The router has made every attempt already; this is the last one's answer.
-            let routed = routed.borrow();
-            self.attempts = routed.outcomes().to_vec();
-            match self.attempts.last() {
-                Some((provider, _)) => self.provider = Some(Rc::clone(provider)),
-                None => self.record_attempt(head.status, true),
-            }
-        } else {
-            self.record_attempt(head.status, router_error);
-            if retryable(head.status, router_error)
-                && let Some(call) = self.next_call()
-            {
-                self.phase = Phase::Calling;
-                return (ResponseAction::Fallback(call), None);
-            }
-        }
-        let ok = (200..300).contains(&head.status) && !router_error;
-        let event_stream = head
-            .content_type
-            .is_some_and(|ct| starts_with_ignore_case(ct, b"text/event-stream"));
-        let streaming = self.asked.as_ref().is_some_and(|a| a.request.stream);
-        if ok && streaming && event_stream && !end_of_stream {
-            let Some(rewriter) = self.new_rewriter() else {
-                self.phase = Phase::Done;
-                return (
-                    ResponseAction::Buffer,
-                    Some(self.rewrite_error(&internal("a stream without its request"), false)),
-                );
-            };
-            self.phase = Phase::Streaming;
-            self.status = head.status;
-            self.stream = Some(rewriter);
-            let mut set = vec![("content-type".to_string(), "text/event-stream".to_string())];
-            set.extend(self.attempt_headers(true));
-            return (
-                ResponseAction::Stream {
-                    remove: vec!["content-length".into()],
-                    set,
-                },
-                None,
-            );
-        }
-        self.phase = Phase::Buffering {
-            status: head.status,
-            retry_after: head.retry_after.map(|v| String::from_utf8_lossy(v).trim().to_string()),
-            router_error,
-            event_stream,
-        };
-        if end_of_stream {
-            return (ResponseAction::Buffer, Some(self.on_buffered_body(&[])));
-        }
-        (ResponseAction::Buffer, None)
-    }
-
-    /// The serving provider's stream translated for this request; `None`
-    /// before both are known.
-    fn new_rewriter(&self) -> Option<StreamRewriter> {
-        let (asked, provider) = (self.asked.as_ref()?, self.provider.as_ref()?);
-        let translator = providers::stream_translator(provider.api, &asked.request);
-        let rewriter = StreamRewriter::new(translator, asked.stamp.clone(), asked.request.include_usage);
-        // Deltas may split the credential, which the byte-level redaction of
-        // each output cannot see: the rewriter scrubs the text itself.
-        let credential = self
-            .provider
-            .as_ref()
-            .and_then(|p| p.credential.as_deref())
-            .filter(|c| c.len() >= redact::MIN_LEN);
-        Some(match credential {
-            Some(secret) => rewriter.redacting(secret),
-            None => rewriter,
-        })
-    }
-
-    /// A chunk of a live stream; returns the bytes that replace it.
+    /// A chunk of a live stream; the bytes that replace it go to `out`.
     pub fn on_stream_body(&mut self, chunk: &[u8], end_of_stream: bool, out: &mut Vec<u8>) {
-        if let Some(stream) = self.stream.as_mut() {
-            stream.push(chunk, out);
-            if end_of_stream {
-                stream.finish(out);
-            }
-            self.usage = stream.usage();
-        }
-        if end_of_stream {
-            self.phase = Phase::Done;
-        }
+        let State::Streaming(rewriter) = &mut self.state else {
+            return;
+        };
         // The rewriter scrubs the provider's credential itself (new_rewriter).
+        rewriter.push(chunk, out);
+        if end_of_stream {
+            rewriter.finish(out);
+        }
+        self.record.usage = rewriter.usage();
+        if end_of_stream {
+            self.state = State::Done;
+        }
     }
 
     /// The whole buffered response body is here: the final answer.
     pub fn on_buffered_body(&mut self, body: &[u8]) -> Rewrite {
-        let Phase::Buffering {
-            status,
-            retry_after,
-            router_error,
-            event_stream,
-        } = std::mem::replace(&mut self.phase, Phase::Done)
-        else {
+        let State::Buffering(routed, held) = std::mem::replace(&mut self.state, State::Done) else {
             return self.rewrite_error(&internal("response body in an unexpected phase"), false);
         };
-        let Some(provider) = self.provider.clone() else {
-            return self.rewrite_error(&internal("no provider"), false);
-        };
-        if router_error {
-            let e = if status == 504 {
+        let provider = &routed.provider;
+        if held.router_error {
+            let e = if held.status == 504 {
                 self.failed_timeout()
             } else {
                 self.failed_upstream()
             };
             return self.rewrite_error(&e, false);
         }
-        if (200..300).contains(&status) {
-            return match self.translate_success(&provider, body, event_stream) {
+        if (200..300).contains(&held.status) {
+            return match self.translate_success(&routed, body, held.event_stream) {
                 Ok(rewrite) => rewrite,
                 Err(why) => {
                     // `why` may quote the provider's body (serde names the value it refused).
@@ -823,8 +807,9 @@ impl Exchange {
             };
         }
         let details = providers::error_details(provider.api, body);
-        let e = match status {
+        let e = match held.status {
             400 | 413 | 422 => {
+                let status = held.status;
                 let mut e = ApiError::new(
                     status,
                     ErrorType::InvalidRequest,
@@ -843,7 +828,9 @@ impl Exchange {
                     "upstream_rate_limited",
                     format!("Every provider tried is rate limited ({}).", self.attempt_summary()),
                 );
-                e.retry_after = retry_after.filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()));
+                e.retry_after = held
+                    .retry_after
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()));
                 e
             }
             408 => self.failed_timeout(),
@@ -852,35 +839,31 @@ impl Exchange {
         self.rewrite_error(&e, false)
     }
 
-    fn translate_success(&mut self, provider: &Provider, body: &[u8], event_stream: bool) -> Result<Rewrite, String> {
-        let Some(asked) = &self.asked else {
-            return Err("no request".into());
-        };
-        let (streaming, stamp) = (asked.request.stream, asked.stamp.clone());
-        let (content_type, mut out) = if streaming {
+    fn translate_success(&mut self, routed: &Routed, body: &[u8], event_stream: bool) -> Result<Rewrite, String> {
+        let Routed { asked, provider, .. } = routed;
+        let (content_type, mut out) = if asked.request.stream {
             if !event_stream {
                 return Err("a stream was asked for but the answer is not text/event-stream".into());
             }
-            let mut rewriter = self.new_rewriter().ok_or("no provider")?;
+            let mut rewriter = new_rewriter(asked, provider);
             let mut out = Vec::new();
             rewriter.push(body, &mut out);
             rewriter.finish(&mut out);
-            self.usage = rewriter.usage();
+            self.record.usage = rewriter.usage();
             ("text/event-stream", out)
-        } else if provider.api == Api::Openai && stamp.op == Operation::Chat {
+        } else if provider.api == Api::Openai && asked.stamp.op == Operation::Chat {
             // Already a chat.completion: a few members change, the rest is copied.
-            let (out, usage) = providers::openai::finish_chat(&stamp, body)?;
-            self.usage = Some(usage);
+            let (out, usage) = providers::openai::finish_chat(&asked.stamp, body)?;
+            self.record.usage = Some(usage);
             ("application/json", out)
         } else {
-            let request = &self.asked.as_ref().ok_or("no request")?.request;
-            let (answer, usage) = providers::translate_answer(provider.api, request, body)?;
-            self.usage = Some(usage);
-            let out = serde_json::to_vec(&answer::finish(&stamp, answer, usage)).map_err(|e| e.to_string())?;
+            let (answer, usage) = providers::translate_answer(provider.api, &asked.request, body)?;
+            self.record.usage = Some(usage);
+            let out = serde_json::to_vec(&answer::finish(&asked.stamp, answer, usage)).map_err(|e| e.to_string())?;
             ("application/json", out)
         };
         self.redact(&mut out);
-        self.status = 200;
+        self.record.status = 200;
         let mut set = vec![
             (":status".to_string(), "200".to_string()),
             ("content-type".to_string(), content_type.to_string()),
@@ -913,9 +896,10 @@ impl Exchange {
         )
     }
 
+    /// The final answer `e`; `served`: it is the serving provider's own error.
     fn rewrite_error(&mut self, e: &ApiError, served: bool) -> Rewrite {
-        self.status = e.status;
-        self.error_code = Some(e.code.clone());
+        self.record.status = e.status;
+        self.record.error_code = Some(e.code.clone());
         // A provider's own message (400/413/422) may echo the request.
         let mut body = e.body();
         self.redact(&mut body);
@@ -938,11 +922,11 @@ impl Exchange {
     /// `x-waygate-attempts`, `x-waygate-provider` when a provider served,
     /// and the key's `x-ratelimit-*` when it is limited.
     fn attempt_headers(&self, served: bool) -> Vec<Header> {
-        let mut headers = self.standing.map(|s| s.headers()).unwrap_or_default();
-        if served && let Some(p) = &self.provider {
-            headers.push(("x-waygate-provider".to_string(), p.id.clone()));
+        let mut headers = self.record.standing.map(|s| s.headers()).unwrap_or_default();
+        if served && let Some(p) = self.served_by() {
+            headers.push(("x-waygate-provider".to_string(), p.to_string()));
         }
-        if !self.attempts.is_empty() {
+        if !self.record.attempts.is_empty() {
             headers.push(("x-waygate-attempts".to_string(), self.attempt_list()));
         }
         headers
@@ -951,6 +935,7 @@ impl Exchange {
     /// `openai: 503, groq: error` for messages.
     fn attempt_summary(&self) -> String {
         let list: Vec<String> = self
+            .record
             .attempts
             .iter()
             .map(|(p, outcome)| {
@@ -965,15 +950,21 @@ impl Exchange {
         list.join(", ")
     }
 
-    /// Scrubs the credential of every provider this request was sent to
-    /// from bytes on their way to the client or the log. A provider that
-    /// echoes the request (its error message, an echo model, a value serde
-    /// quotes back) would otherwise hand our key to the client.
-    /// The credentials of every provider this request was sent to.
+    /// The provider asked now, or the last one asked.
+    fn serving(&self) -> Option<&Rc<Provider>> {
+        match &self.state {
+            State::Upstream(r) | State::Calling(r) | State::Buffering(r, _) => Some(&r.provider),
+            _ => self.record.attempts.last().map(|(p, _)| p),
+        }
+    }
+
+    /// The credentials of every provider this request was sent to. A
+    /// provider that echoes the request (its error message, an echo model, a
+    /// value serde quotes back) would otherwise hand our key to the client.
     fn sent_credentials(&self) -> Vec<&str> {
         // A handful of providers at most: no sort (its code would be kilobytes of the module).
         let mut sent: Vec<&str> = Vec::new();
-        for p in self.attempts.iter().map(|(p, _)| p).chain(self.provider.as_ref()) {
+        for p in self.record.attempts.iter().map(|(p, _)| p).chain(self.serving()) {
             if let Some(credential) = p.credential.as_deref()
                 && credential.len() >= redact::MIN_LEN
                 && !sent.contains(&credential)
@@ -991,70 +982,82 @@ impl Exchange {
     }
 
     fn reply_error(&mut self, e: &ApiError) -> Reply {
-        self.error_code = Some(e.code.clone());
-        self.reply(Reply::error(e))
+        self.record.error_code = Some(e.code.clone());
+        self.reply(Reply {
+            status: e.status,
+            headers: e.headers(),
+            body: e.body(),
+        })
     }
 
-    /// What this request adds to the stats; `None` for requests passed through.
-    pub fn metrics(&self, timing: metrics::Timing) -> Option<Vec<metrics::Update>> {
-        if matches!(self.phase, Phase::PassThrough | Phase::Start) {
-            return None;
-        }
-        let attempts = self.attempts.iter().map(|(p, o)| (p.id.as_str(), o.as_str())).collect();
-        let summary = metrics::Summary {
-            key: self.key_id.as_deref(),
-            model: self.asked.as_ref().map(|a| a.request.model.as_str()),
-            provider: if self.attempts.is_empty() {
-                None
-            } else {
-                self.served_by()
-            },
-            attempts,
-            status: self.status,
-            error_code: self.error_code.as_deref(),
-            usage: self.usage,
-        };
-        Some(metrics::updates(&summary, timing))
+    /// The shell could not apply a step (the host refused a call that
+    /// should not fail): the request ends with the contract's 500, and is
+    /// logged as such.
+    pub fn fail(&mut self, what: &str) -> Reply {
+        self.reply_error(&internal(what))
     }
 
     fn reply(&mut self, mut reply: Reply) -> Reply {
-        self.phase = Phase::Replied;
-        self.status = reply.status;
-        if let Some(standing) = self.standing {
+        self.state = State::Done;
+        self.record.status = reply.status;
+        if let Some(standing) = self.record.standing {
             reply.headers.extend(standing.headers());
         }
         reply
     }
 
-    /// Counts the answer's tokens against the key's limit, once, when the
-    /// request is over (a stream that ran past the limit finishes; the next
-    /// request is refused).
-    pub fn settle(&mut self, store: &mut dyn SharedStore, now: u64) {
-        if self.settled || self.standing.is_none() {
-            return;
+    /// The request is over (its stream has ended, however it ended; Envoy
+    /// calls `on_log` even when the client went away). Counts the answer's
+    /// tokens against the key's limit (a stream that ran past the limit
+    /// finishes; the next request is refused), and says what the request
+    /// adds to the stats and the access log. `None` for a request passed
+    /// through. `now` is unix seconds.
+    pub fn on_log(
+        &mut self,
+        store: &mut dyn SharedStore,
+        now: u64,
+        timing: metrics::Timing,
+        duration_ms: u64,
+    ) -> Option<Log> {
+        if matches!(self.state, State::PassThrough | State::Start) {
+            return None;
         }
-        self.settled = true;
-        let (Some(usage), Some(key)) = (
-            self.usage,
-            self.config.keys.iter().find(|k| Some(&k.id) == self.key_id.as_ref()),
-        ) else {
-            return;
+        let record = &self.record;
+        if let (Some(_), Some(usage), Some(key)) = (record.standing, record.usage, &record.key) {
+            limits::record_tokens(store, key, now, usage.total());
+        }
+        let attempts = record
+            .attempts
+            .iter()
+            .map(|(p, o)| (p.id.as_str(), o.as_str()))
+            .collect();
+        let summary = metrics::Summary {
+            key: record.key.as_ref().map(|k| k.id.as_str()),
+            model: record.model.as_deref(),
+            provider: if record.attempts.is_empty() {
+                None
+            } else {
+                self.served_by()
+            },
+            attempts,
+            status: record.status,
+            error_code: record.error_code.as_deref(),
+            usage: record.usage,
         };
-        limits::record_tokens(store, key, now, usage.total());
-    }
-
-    /// The client key's id, once the key is known.
-    pub fn key_id(&self) -> Option<&str> {
-        self.key_id.as_deref()
+        let metrics = metrics::updates(&summary, timing);
+        Some(Log {
+            metrics,
+            line: self.access_log(duration_ms),
+        })
     }
 
     /// The provider that served, once known.
     pub fn served_by(&self) -> Option<&str> {
-        self.provider.as_ref().map(|p| p.id.as_str())
+        self.serving().map(|p| p.id.as_str())
     }
 
     fn models_listing(&self) -> Reply {
-        let key = self.config.keys.iter().find(|k| Some(&k.id) == self.key_id.as_ref());
+        let key = self.record.key.as_ref();
         let data: Vec<Value> = self
             .config
             .models
@@ -1074,30 +1077,29 @@ impl Exchange {
         }
     }
 
-    /// The access log line (contract §3, issue: never a credential or body).
-    /// `None` for requests the filter passed through.
-    pub fn access_log(&self, duration_ms: u64) -> Option<String> {
+    /// The access log line (contract §3: never a credential or a body).
+    fn access_log(&self, duration_ms: u64) -> String {
         use std::fmt::Write;
-        if matches!(self.phase, Phase::PassThrough | Phase::Start) {
-            return None;
-        }
-        let provider = self.provider.as_ref().map_or("-", |p| p.id.as_str());
+        let record = &self.record;
         let attempts = self.attempt_list();
-        let usage = self.usage.unwrap_or_default();
+        let usage = record.usage.unwrap_or_default();
         // Built piece by piece: one line per request, and `format!` with ten
         // arguments costs more than the rest of the log phase in wasm.
         let mut line = String::with_capacity(256);
         for (name, value) in [
-            ("waygate access key=", self.key_id.as_deref().unwrap_or("-")),
-            (" model=", self.asked.as_ref().map_or("-", |a| a.request.model.as_str())),
-            (" provider=", provider),
+            (
+                "waygate access key=",
+                record.key.as_ref().map_or("-", |k| k.id.as_str()),
+            ),
+            (" model=", record.model.as_deref().unwrap_or("-")),
+            (" provider=", self.served_by().unwrap_or("-")),
             (" attempts=", if attempts.is_empty() { "-" } else { &attempts }),
         ] {
             line.push_str(name);
             line.push_str(value);
         }
         for (name, value) in [
-            (" status=", u64::from(self.status)),
+            (" status=", u64::from(record.status)),
             (" prompt_tokens=", usage.prompt_tokens),
             (" completion_tokens=", usage.completion_tokens),
             (" duration_ms=", duration_ms),
@@ -1109,16 +1111,16 @@ impl Exchange {
         let _ = write!(
             line,
             " title={:?} referer={:?}",
-            self.title.as_deref().unwrap_or(""),
-            self.referer.as_deref().unwrap_or("")
+            record.title.as_deref().unwrap_or(""),
+            record.referer.as_deref().unwrap_or("")
         );
-        Some(line)
+        line
     }
 
     /// `provider:outcome` for every attempt, comma-separated.
     fn attempt_list(&self) -> String {
         let mut list = String::new();
-        for (provider, outcome) in &self.attempts {
+        for (provider, outcome) in &self.record.attempts {
             if !list.is_empty() {
                 list.push(',');
             }
@@ -1131,14 +1133,127 @@ impl Exchange {
 
     /// Usage of the answer, once known.
     pub fn usage(&self) -> Option<Usage> {
-        self.usage
+        self.record.usage
     }
 }
 
-impl ApiError {
-    fn without_param(mut self) -> Self {
-        self.param = None;
-        self
+/// What the exchange reads of an upstream response's headers.
+struct ResponseHead {
+    /// 0 when there is none (a reset call).
+    status: u16,
+    event_stream: bool,
+    retry_after: Option<String>,
+}
+
+impl ResponseHead {
+    fn read<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)]) -> ResponseHead {
+        ResponseHead {
+            status: header_in(pairs, ":status")
+                .and_then(|s| std::str::from_utf8(s).ok())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            event_stream: header_in(pairs, "content-type")
+                .is_some_and(|ct| starts_with_ignore_case(ct, b"text/event-stream")),
+            retry_after: header_in(pairs, "retry-after").map(|v| String::from_utf8_lossy(v).trim().to_string()),
+        }
+    }
+}
+
+/// The first value of header `name` (lowercase) in `pairs`.
+fn header_in<'p, K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &'p [(K, V)], name: &str) -> Option<&'p [u8]> {
+    pairs
+        .iter()
+        .find(|(k, _)| k.as_ref() == name.as_bytes())
+        .map(|(_, v)| v.as_ref())
+}
+
+/// The request sent to `provider` (`"http_call"` fallback): its path,
+/// authority, credential and body, the cluster it goes to and its time
+/// budget, and the client's key headers removed.
+fn forward(
+    cfg: &Config,
+    provider: &Provider,
+    upstream: UpstreamRequest,
+    key_headers: &[String],
+    properties: Vec<(String, String)>,
+) -> Forward {
+    let (mut set, body) = request_headers(provider, upstream);
+    set.push((cfg.cluster_header.clone(), provider.cluster.clone()));
+    // The provider's time budget for this attempt: the route itself has no
+    // timeout (it would cut long streams), and Envoy's router honours this
+    // header as the attempt's timeout.
+    set.push(("x-envoy-upstream-rq-timeout-ms".into(), provider.timeout_ms.to_string()));
+    // Setting a header replaces it: removing one that is set anyway
+    // (content-length, and authorization for OpenAI's API) is a wasted host call.
+    let mut remove: Vec<String> = Vec::new();
+    for name in HOP_HEADERS_TO_DROP
+        .into_iter()
+        .chain(key_headers.iter().map(String::as_str))
+    {
+        if !set.iter().any(|(k, _)| k == name) && !remove.iter().any(|r| r == name) {
+            remove.push(name.to_string());
+        }
+    }
+    Forward {
+        body: Some(body),
+        remove,
+        set,
+        properties,
+        routed: None,
+    }
+}
+
+/// Router fallback: the downstream request that carries the prepared
+/// attempts (in order, bounded by the tries) to the router: the routed
+/// route's marker, the retries allowed, and the client's key removed; each
+/// attempt's cluster published for the route's matcher. The body is left as
+/// the client sent it; each attempt replaces it.
+fn route_attempts(
+    prepared: Vec<Prepared>,
+    key_headers: &[String],
+    mut properties: Vec<(String, String)>,
+) -> (Forward, Rc<RefCell<Attempts>>) {
+    // Envoy's per-try timeout is one value for every attempt: the shortest
+    // budget of the candidates, so no provider runs past its own.
+    let per_try_ms = prepared.iter().map(|p| p.provider.timeout_ms).min().unwrap_or(0);
+    let set: Vec<Header> = vec![
+        (ROUTED_HEADER.into(), "1".into()),
+        (
+            "x-envoy-max-retries".into(),
+            prepared.len().saturating_sub(1).to_string(),
+        ),
+        ("x-envoy-upstream-rq-per-try-timeout-ms".into(), per_try_ms.to_string()),
+    ];
+    let mut cleared: Vec<String> = HOP_HEADERS_TO_DROP
+        .iter()
+        .filter(|h| **h != "content-length")
+        .map(|h| (*h).to_string())
+        .collect();
+    cleared.extend(key_headers.iter().cloned());
+    let attempts = Attempts::new(prepared, &cleared);
+    for (i, cluster) in attempts.clusters().enumerate() {
+        properties.push((format!("{}{}", attempts::SLOT_PROPERTY, i + 1), cluster.to_string()));
+    }
+    let attempts = Rc::new(RefCell::new(attempts));
+    let forward = Forward {
+        body: None,
+        remove: cleared,
+        set,
+        properties,
+        routed: Some(Rc::clone(&attempts)),
+    };
+    (forward, attempts)
+}
+
+/// The serving provider's stream translated for the request asked.
+fn new_rewriter(asked: &Asked, provider: &Provider) -> StreamRewriter {
+    let translator = providers::stream_translator(provider.api, &asked.request);
+    let rewriter = StreamRewriter::new(translator, asked.stamp.clone(), asked.request.include_usage);
+    // Deltas may split the credential, which the byte-level redaction of
+    // each output cannot see: the rewriter scrubs the text itself.
+    match provider.credential.as_deref().filter(|c| c.len() >= redact::MIN_LEN) {
+        Some(secret) => rewriter.redacting(secret),
+        None => rewriter,
     }
 }
 
@@ -1285,14 +1400,17 @@ mod tests {
         forward.remove.iter().any(|r| r == name) || forward.set.iter().any(|(k, _)| k == name)
     }
 
-    fn head(status: u16, content_type: &str) -> ResponseHead<'_> {
-        ResponseHead {
-            status,
-            content_type: Some(content_type.as_bytes()),
-            retry_after: None,
-            code_details: Some("via_upstream"),
-            ratelimit_reset: None,
-        }
+    /// An upstream response's headers, as the shell hands them over.
+    fn head(status: u16, content_type: &str) -> Vec<(String, String)> {
+        vec![
+            (":status".into(), status.to_string()),
+            ("content-type".into(), content_type.into()),
+        ]
+    }
+
+    /// Envoy's `response.code_details` for a provider's own answer.
+    fn via_upstream() -> Option<Vec<u8>> {
+        Some(b"via_upstream".to_vec())
     }
 
     fn text(bytes: &[u8]) -> String {
@@ -1303,7 +1421,8 @@ mod tests {
     fn a_provider_echoing_its_credential_in_an_answer_is_redacted() {
         let mut ex = forwarded("oa/echo", false);
         assert_eq!(
-            ex.on_response_headers(&head(200, "application/json"), false).0,
+            ex.on_response_headers(&head(200, "application/json"), via_upstream, false)
+                .action,
             ResponseAction::Buffer
         );
         let echoed = json!({"choices": [{"index": 0, "finish_reason": "stop",
@@ -1319,7 +1438,9 @@ mod tests {
     #[test]
     fn a_provider_echoing_its_credential_in_a_stream_is_redacted() {
         let mut ex = forwarded("oa/echo", true);
-        let (action, _) = ex.on_response_headers(&head(200, "text/event-stream"), false);
+        let action = ex
+            .on_response_headers(&head(200, "text/event-stream"), via_upstream, false)
+            .action;
         assert!(matches!(action, ResponseAction::Stream { .. }));
         let event = json!({"choices": [{"index": 0, "delta": {"content": SECRET}}]});
         let mut out = Vec::new();
@@ -1335,7 +1456,8 @@ mod tests {
     fn a_provider_error_message_echoing_the_credential_is_redacted() {
         let mut ex = forwarded("oa/x", false);
         assert_eq!(
-            ex.on_response_headers(&head(400, "application/json"), false).0,
+            ex.on_response_headers(&head(400, "application/json"), via_upstream, false)
+                .action,
             ResponseAction::Buffer
         );
         let error =
@@ -1349,7 +1471,9 @@ mod tests {
     #[test]
     fn a_fallback_answer_is_redacted_for_every_provider_tried() {
         let mut ex = forwarded("chain/x", false);
-        let (action, _) = ex.on_response_headers(&head(503, "application/json"), false);
+        let action = ex
+            .on_response_headers(&head(503, "application/json"), via_upstream, false)
+            .action;
         let ResponseAction::Fallback(call) = action else {
             panic!("expected a fallback: {action:?}")
         };
@@ -1413,8 +1537,16 @@ mod tests {
         for name in ["authorization", "x-api-key"] {
             assert!(forward.remove.iter().any(|r| r == name), "{name}: {forward:?}");
         }
-        let routed = ex.routed_attempts().unwrap();
+        let routed = forward.routed.clone().unwrap();
         assert_eq!(routed.borrow().clusters().collect::<Vec<_>>(), ["c_oa", "c_an"]);
+        // Published for the route's cluster matcher, slot by slot.
+        for (name, cluster) in [("waygate_slot_1", "c_oa"), ("waygate_slot_2", "c_an")] {
+            assert!(
+                forward.properties.contains(&(name.into(), cluster.into())),
+                "{:?}",
+                forward.properties
+            );
+        }
 
         // What the upstream filter does for the router's two attempts.
         {
@@ -1438,7 +1570,9 @@ mod tests {
         routed.borrow_mut().on_response(2, 200);
 
         // The answer the client gets is the second one's, streamed and translated.
-        let (action, _) = ex.on_response_headers(&head(200, "text/event-stream"), false);
+        let action = ex
+            .on_response_headers(&head(200, "text/event-stream"), via_upstream, false)
+            .action;
         let ResponseAction::Stream { set, .. } = action else {
             panic!("{action:?}");
         };
@@ -1461,7 +1595,7 @@ mod tests {
         let mut config = (*config()).clone();
         config.limits = limits;
         for key in &mut config.keys {
-            key.requests_per_minute = Some(1);
+            Rc::make_mut(key).requests_per_minute = Some(1);
         }
         Rc::new(config)
     }
@@ -1479,18 +1613,18 @@ mod tests {
     fn with_global_limits_the_filter_counts_nothing_and_names_the_key() {
         let mut store = MemoryStore::default();
         let local = limited_config(Limits::Local);
-        limits::prepare(&mut store, &local.keys);
+        limits::prepare(&mut store, local.keys.iter().map(|k| &**k));
         assert!(send(&mut Exchange::new(Rc::clone(&local)), &mut store).is_ok());
         let refused = send(&mut Exchange::new(local), &mut store).unwrap_err();
         assert_eq!(refused.status, 429);
 
         let global = limited_config(Limits::Global);
         let mut store = MemoryStore::default();
-        limits::prepare(&mut store, &global.keys);
+        limits::prepare(&mut store, global.keys.iter().map(|k| &**k));
         for _ in 0..3 {
             let mut ex = Exchange::new(Rc::clone(&global));
             let forward = send(&mut ex, &mut store).unwrap();
-            assert_eq!(ex.key_id(), Some("dev"));
+            assert!(forward.properties.contains(&(KEY_ID_PROPERTY.into(), "dev".into())));
             assert!(
                 !forward.set.iter().any(|(k, _)| k.starts_with("x-ratelimit")),
                 "{forward:?}"
@@ -1501,16 +1635,11 @@ mod tests {
     #[test]
     fn envoys_rate_limit_refusal_is_answered_in_the_contract_shape_and_never_falls_back() {
         let mut ex = forwarded("chain/x", true);
-        let refusal = ResponseHead {
-            status: 429,
-            content_type: None,
-            retry_after: None,
-            code_details: Some("request_rate_limited"),
-            ratelimit_reset: Some(b"42"),
+        let refusal = [(":status", "429"), ("x-ratelimit-reset", "42")];
+        let step = ex.on_response_headers(&refusal, || Some(b"request_rate_limited".to_vec()), true);
+        let ResponseAction::Answer(rewrite) = step.action else {
+            panic!("{:?}", step.action);
         };
-        let (action, rewrite) = ex.on_response_headers(&refusal, true);
-        assert!(matches!(action, ResponseAction::Buffer), "{action:?}");
-        let rewrite = rewrite.unwrap();
         assert_eq!(rewrite.status, 429);
         assert!(
             rewrite.set.contains(&("retry-after".into(), "42".into())),
@@ -1524,7 +1653,8 @@ mod tests {
         let body: Value = serde_json::from_slice(&rewrite.body).unwrap();
         assert_eq!(body["error"]["code"], "rate_limited");
         assert_eq!(body["error"]["type"], "rate_limit_error");
-        let line = ex.access_log(5).unwrap();
+        let timing = metrics::Timing::default();
+        let line = ex.on_log(&mut MemoryStore::default(), 1, timing, 5).unwrap().line;
         assert!(
             line.contains("status=429") && line.contains("provider=- attempts=-"),
             "{line}"

@@ -15,7 +15,7 @@
 //!    provider translator, OpenAI chunks out); a JSON answer or an error is
 //!    buffered and reshaped by [`answer`] or into an [`errors::ApiError`].
 //!    Whatever came from a provider has its credential scrubbed ([`redact`]).
-//! 5. The access log line comes from [`exchange::Exchange::access_log`].
+//! 5. The access log line and the stats come from [`exchange::Exchange::on_log`].
 //!
 //! [`config`] parses the plugin configuration once per VM; [`dom`] reads JSON
 //! into a `Value` literally (no key taken as serde_json's raw-value marker);

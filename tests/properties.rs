@@ -18,7 +18,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use waygate::answer::Stamp;
 use waygate::config::{Api, Config};
-use waygate::exchange::{CallStep, Exchange, HeadersAction, ResponseAction, ResponseHead};
+use waygate::exchange::{CallStep, Exchange, HeadersAction, ResponseAction};
 use waygate::limits::{SharedStore, StoreError};
 use waygate::providers;
 use waygate::request::{self, Operation};
@@ -691,16 +691,15 @@ proptest! {
             prop_assert!(r.status >= 400);
             return assert_envelope(r.status, &r.headers, &r.body);
         }
-        let head = |u: &Upstream| ResponseHead {
-            status: u.status,
-            content_type: Some(if u.event_stream { &b"text/event-stream"[..] } else { &b"application/json"[..] }),
-            retry_after: Some(b"3"),
-            code_details: Some(if u.router_error { "upstream_reset_before_response_started{connection_failure}" } else { "via_upstream" }),
-            ratelimit_reset: None,
-        };
-        let rewrite = match ex.on_response_headers(&head(&first), false) {
-            (ResponseAction::Continue, _) => return Err(TestCaseError::fail("a forwarded answer is ours")),
-            (ResponseAction::Stream { .. }, _) => {
+        let head = |u: &Upstream| vec![
+            (":status".to_string(), u.status.to_string()),
+            ("content-type".into(), if u.event_stream { "text/event-stream" } else { "application/json" }.into()),
+            ("retry-after".into(), "3".into()),
+        ];
+        let details = if first.router_error { "upstream_reset_before_response_started{connection_failure}" } else { "via_upstream" };
+        let rewrite = match ex.on_response_headers(&head(&first), || Some(details.into()), false).action {
+            ResponseAction::Continue => return Err(TestCaseError::fail("a forwarded answer is ours")),
+            ResponseAction::Stream { .. } => {
                 let mut out = Vec::new();
                 ex.on_stream_body(&first.body, true, &mut out);
                 let events = client_events(&out);
@@ -712,9 +711,9 @@ proptest! {
                 }
                 return Ok(());
             }
-            (ResponseAction::Buffer, Some(r)) => r,
-            (ResponseAction::Buffer, None) => ex.on_buffered_body(&first.body),
-            (ResponseAction::Fallback(_), _) => {
+            ResponseAction::Answer(r) => r,
+            ResponseAction::Buffer => ex.on_buffered_body(&first.body),
+            ResponseAction::Fallback(_) => {
                 let mut answers = calls.iter();
                 loop {
                     let step = match answers.next() {

@@ -19,7 +19,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use waygate::config::Config;
 use waygate::exchange::{
-    Call, CallStep, Exchange, Forward, HeadersAction, Reply, ResponseAction, ResponseHead, Rewrite,
+    Call, CallStep, Exchange, Forward, HeadersAction, Reply, ResponseAction, Rewrite,
 };
 use waygate::metrics::{Kind, Timing};
 use waygate::request::Operation;
@@ -381,7 +381,7 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
     let now = 1_700_000_000 + u64::from(input.now % 600) + round;
     let finished = match step.action {
         HeadersAction::Continue => {
-            assert!(ex.access_log(1).is_none() && ex.metrics(Timing::default()).is_none());
+            assert!(ex.on_log(store, now, Timing::default(), 1).is_none());
             return;
         }
         HeadersAction::Reply(r) => {
@@ -393,18 +393,14 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
     if !finished {
         drive_body(&mut ex, input, cfg, store, &body, op, now, &mut seen);
     }
-    ex.settle(store, now);
-    ex.settle(store, now);
-    let log = ex.access_log(7).expect("ours, so logged");
-    assert!(!log.contains(['\n', '\r']), "one log line: {log:?}");
-    seen.client.extend_from_slice(log.as_bytes());
-    for update in ex
-        .metrics(Timing {
-            upstream_ms: Some(3),
-            first_byte_ms: Some(1),
-        })
-        .unwrap()
-    {
+    let timing = Timing {
+        upstream_ms: Some(3),
+        first_byte_ms: Some(1),
+    };
+    let log = ex.on_log(store, now, timing, 7).expect("ours, so logged");
+    assert!(!log.line.contains(['\n', '\r']), "one log line: {:?}", log.line);
+    seen.client.extend_from_slice(log.line.as_bytes());
+    for update in log.metrics {
         assert!(update.kind == Kind::Histogram || update.value > 0, "{update:?}");
         assert!(
             update
@@ -430,6 +426,18 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
             );
         }
     }
+}
+
+/// An upstream answer's headers as the shell hands them over.
+fn response_head(status: u16, content_type: u8, retry_after: Option<&[u8]>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut head = vec![(b":status".to_vec(), status.to_string().into_bytes())];
+    if let Some(ct) = UP_CONTENT_TYPES[usize::from(content_type) % UP_CONTENT_TYPES.len()] {
+        head.push((b"content-type".to_vec(), ct.as_bytes().to_vec()));
+    }
+    if let Some(v) = retry_after {
+        head.push((b"retry-after".to_vec(), v.to_vec()));
+    }
+    head
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -463,18 +471,17 @@ fn drive_body(
     let up = &input.upstream;
     let up_bytes = up_body(&up.body);
     let retry_after = up.retry_after.as_deref();
-    let head = ResponseHead {
-        status: status(up.status),
-        content_type: UP_CONTENT_TYPES[usize::from(up.content_type) % UP_CONTENT_TYPES.len()].map(str::as_bytes),
-        retry_after,
-        code_details: DETAILS[usize::from(up.details) % DETAILS.len()],
-        ratelimit_reset: retry_after,
-    };
-    let (action, rewrite) = ex.on_response_headers(&head, up.headers_only);
-    match action {
+    let details = DETAILS[usize::from(up.details) % DETAILS.len()];
+    let mut head = response_head(status(up.status), up.content_type, retry_after);
+    if let Some(reset) = retry_after {
+        head.push((b"x-ratelimit-reset".to_vec(), reset.to_vec()));
+    }
+    let step = ex.on_response_headers(&head, || details.map(|d| d.as_bytes().to_vec()), up.headers_only);
+    seen.headers(&step.scrub);
+    match step.action {
         ResponseAction::Continue => panic!("a forwarded request's answer is always ours"),
         ResponseAction::Stream { remove, set } => {
-            assert!(rewrite.is_none() && !up.headers_only);
+            assert!(!up.headers_only);
             assert!(remove.iter().any(|h| h == "content-length"));
             seen.headers(&set);
             let chunks = chunked(&up.plan.iter().map(|s| usize::from(*s)).collect::<Vec<_>>(), &up_bytes);
@@ -495,17 +502,15 @@ fn drive_body(
             ex.on_stream_body(b"data: more\n\n", true, &mut more);
             assert!(more.is_empty());
         }
+        ResponseAction::Answer(r) => {
+            // A headers-only answer, or Envoy's rate limit filter's refusal (which
+            // replaces whatever it came with).
+            let refused = matches!(details, Some("request_rate_limited" | "rate_limiter_error"));
+            assert!(up.headers_only || refused, "a rewrite at the headers: {r:?}");
+            check_rewrite(&r, op, seen);
+        }
         ResponseAction::Buffer => {
-            let rewrite = match rewrite {
-                Some(r) => {
-                    // A headers-only answer, or Envoy's rate limit filter's refusal (which
-                    // replaces whatever it came with).
-                    let refused = matches!(head.code_details, Some("request_rate_limited" | "rate_limiter_error"));
-                    assert!(up.headers_only || refused, "a rewrite at the headers: {r:?}");
-                    r
-                }
-                None => ex.on_buffered_body(&up_bytes),
-            };
+            let rewrite = ex.on_buffered_body(&up_bytes);
             check_rewrite(&rewrite, op, seen);
         }
         ResponseAction::Fallback(mut call) => {
@@ -518,14 +523,7 @@ fn drive_body(
                     Some(a) if a.refused => ex.on_call_refused(),
                     Some(a) => {
                         let bytes = up_body(&a.body);
-                        let head = ResponseHead {
-                            status: status(a.status),
-                            content_type: UP_CONTENT_TYPES[usize::from(a.content_type) % UP_CONTENT_TYPES.len()]
-                                .map(str::as_bytes),
-                            retry_after: a.retry_after.as_deref(),
-                            code_details: None,
-                            ratelimit_reset: None,
-                        };
+                        let head = response_head(status(a.status), a.content_type, a.retry_after.as_deref());
                         ex.on_call_response(&head, &bytes)
                     }
                 };
@@ -545,7 +543,7 @@ fuzz_target!(|input: Input| {
     let cfg = config();
     let mut store = MemoryStore::default();
     // As the shell's on_configure does before the VM serves.
-    waygate::limits::prepare(&mut store, &cfg.keys);
+    waygate::limits::prepare(&mut store, cfg.keys.iter().map(|k| &**k));
     for round in 0..=u64::from(input.repeat % 5) {
         run(&input, &cfg, &mut store, round);
     }

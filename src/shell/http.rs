@@ -9,33 +9,16 @@ use proxy_wasm::types::Action;
 use super::host::{self, Buffer, Map};
 use super::routed;
 use crate::config::Config;
-use crate::errors::{ApiError, ErrorType};
 use crate::exchange::{
-    Call, CallStep, Exchange, HeadersAction, MAX_ANSWER_BYTES, Reply, ResponseAction, ResponseHead, Rewrite,
+    Call, CallStep, Exchange, Forward, HeadersAction, MAX_ANSWER_BYTES, Reply, ResponseAction, Rewrite, Stage,
 };
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Response {
-    /// Not ours: pass every response callback through.
-    Untouched,
-    /// Waiting for the upstream's headers.
-    Expected,
-    Streaming,
-    Buffering,
-    /// The upstream answer failed and is held while fallback calls run.
-    Calling,
-}
-
-/// Filter state `wasm.waygate_key_id`: the client key's id, for Envoy's rate
-/// limit descriptors and access log (README "Limits and stats").
-const KEY_ID_PROPERTY: &str = "waygate_key_id";
 /// Filter state `wasm.waygate_total_tokens`: the answer's prompt plus
 /// completion tokens, what a token budget is charged.
 const TOTAL_TOKENS_PROPERTY: &str = "waygate_total_tokens";
 
 pub struct Stream {
     exchange: Exchange,
-    response: Response,
     started_ns: u64,
     usage_published: bool,
     /// A non-streaming answer so far. Held here, not in Envoy's buffer, so
@@ -68,7 +51,6 @@ impl Stream {
             envoy_buffer_floor: usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX),
             routed_token: None,
             exchange: Exchange::new(config),
-            response: Response::Untouched,
             started_ns: host::now_nanos(),
             usage_published: false,
             answer: Vec::new(),
@@ -82,33 +64,16 @@ impl Stream {
     }
 
     /// Sends a local reply. Envoy sends it after this callback returns and
-    /// passes it back through our own response callbacks, which must leave
-    /// it alone: `response` is `Untouched` for that reason.
+    /// passes it back through our own response callbacks, which leave it
+    /// alone: the exchange is done by the time it replies.
     fn reply(&mut self, reply: &Reply) -> Action {
-        self.send_reply(reply.status, &reply.headers, &reply.body)
+        send_reply(reply.status, &reply.headers, &reply.body)
     }
 
-    fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) -> Action {
-        self.response = Response::Untouched;
-        if let Err(status) = host::send_local_response(status, headers, body) {
-            log::error!("waygate: local reply refused by the host (status {})", status.0);
-        }
-        Action::Pause
-    }
-
+    /// The host refused a step that should not fail: the contract's 500.
     fn internal_error(&mut self, what: &str, status: host::Status) -> Action {
-        log::error!("waygate: {what} failed (host status {})", status.0);
-        let e = ApiError::new(
-            500,
-            ErrorType::Upstream,
-            "internal_error",
-            "The gateway failed to handle this request.",
-        );
-        self.reply(&Reply {
-            status: 500,
-            headers: e.headers(),
-            body: e.body(),
-        })
+        let reply = self.exchange.fail(&format!("{what} failed (host status {})", status.0));
+        self.reply(&reply)
     }
 
     fn now_secs() -> u64 {
@@ -159,7 +124,7 @@ impl Stream {
             .cloned()
             .collect();
         // Not cloned: a held answer's body may be many megabytes.
-        self.send_reply(rewrite.status, &headers, &rewrite.body)
+        send_reply(rewrite.status, &headers, &rewrite.body)
     }
 
     /// The held answer followed by its `last` chunk, in one allocation.
@@ -258,6 +223,25 @@ impl Stream {
             }
         }
     }
+
+    /// Applies the request's rewrite in its fixed order: body, headers, filter
+    /// state, and with router fallback the attempts' hand-over to the
+    /// upstream role.
+    fn apply_forward(&mut self, forward: &Forward, body_size: usize) -> Result<(), host::Status> {
+        if let Some(body) = &forward.body {
+            host::set_buffer(Buffer::RequestBody, 0, body_size, body)?;
+        }
+        host::edit_headers(Map::Request, &forward.remove, &forward.set)?;
+        for (name, value) in &forward.properties {
+            host::set_property(name, value.as_bytes())?;
+        }
+        if let Some(attempts) = &forward.routed {
+            let token = routed::register(Rc::clone(attempts));
+            self.routed_token = Some(token);
+            host::set_property(routed::TOKEN_PROPERTY, token.to_string().as_bytes())?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Stream {
@@ -270,13 +254,12 @@ impl Drop for Stream {
 
 impl Context for Stream {
     fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
-        if self.response != Response::Calling {
+        if self.exchange.stage() != Stage::Calling {
             return;
         }
         if body_size > MAX_ANSWER_BYTES {
-            if let CallStep::Reply(rewrite) = self.exchange.on_call_too_large(host::status(Map::CallResponse)) {
-                self.reply_with(&rewrite);
-            }
+            let rewrite = self.exchange.on_call_too_large(host::status(Map::CallResponse));
+            self.reply_with(&rewrite);
             return;
         }
         // Zero headers: the call was reset before an answer.
@@ -286,23 +269,7 @@ impl Context for Stream {
             host::header_pairs(Map::CallResponse).unwrap_or_default()
         };
         let body = host::buffer(Buffer::CallResponseBody, 0, body_size).unwrap_or_default();
-        let header = |name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| k.as_slice() == name.as_bytes())
-                .map(|(_, v)| v.as_slice())
-        };
-        let head = ResponseHead {
-            status: header(":status")
-                .and_then(|s| std::str::from_utf8(s).ok())
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0),
-            content_type: header("content-type"),
-            retry_after: header("retry-after"),
-            code_details: None,
-            ratelimit_reset: None,
-        };
-        match self.exchange.on_call_response(&head, &body) {
+        match self.exchange.on_call_response(&pairs, &body) {
             CallStep::Dispatch(call) => self.dispatch(call),
             CallStep::Reply(rewrite) => {
                 self.publish_usage();
@@ -352,116 +319,67 @@ impl HttpContext for Stream {
             .exchange
             .on_request_body(&body, Self::now_secs(), &mut host::SharedData)
         {
-            Ok(forward) => {
-                let body = match &forward.body {
-                    Some(body) => host::set_buffer(Buffer::RequestBody, 0, body_size, body),
-                    None => Ok(()),
-                };
-                let applied = body
-                    .and_then(|()| host::edit_headers(Map::Request, &forward.remove, &forward.set))
-                    .and_then(|()| match self.exchange.key_id() {
-                        // Before the request goes on: the rate limit filter after us reads it.
-                        Some(id) => host::set_property(KEY_ID_PROPERTY, id.as_bytes()),
-                        None => Ok(()),
-                    })
-                    .and_then(|()| match self.exchange.routed_attempts() {
-                        Some(attempts) => {
-                            let published = attempts.borrow().clusters().enumerate().try_for_each(|(i, c)| {
-                                host::set_property(&format!("{}{}", routed::SLOT_PROPERTY, i + 1), c.as_bytes())
-                            });
-                            let token = routed::register(attempts);
-                            self.routed_token = Some(token);
-                            published
-                                .and_then(|()| host::set_property(routed::TOKEN_PROPERTY, token.to_string().as_bytes()))
-                        }
-                        None => Ok(()),
-                    });
-                match applied {
-                    Ok(()) => {
-                        self.response = Response::Expected;
-                        self.forwarded_ns = Some(host::now_nanos());
-                        Action::Continue
-                    }
-                    Err(status) => self.internal_error("rewriting the request", status),
+            Ok(forward) => match self.apply_forward(&forward, body_size) {
+                Ok(()) => {
+                    self.forwarded_ns = Some(host::now_nanos());
+                    Action::Continue
                 }
-            }
+                Err(status) => self.internal_error("rewriting the request", status),
+            },
             Err(reply) => self.reply(&reply),
         }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        if self.response != Response::Expected {
+        if self.exchange.stage() != Stage::Awaiting {
             return Action::Continue;
         }
         let map = match host::header_map(Map::Response) {
             Ok(map) => map,
+            // Nothing read: the exchange fails as an answer it cannot see.
             Err(status) => return self.internal_error("reading response headers", status),
         };
         let pairs = map.pairs();
-        let header = |name: &str| pairs.iter().find(|(k, _)| *k == name.as_bytes()).map(|(_, v)| *v);
-        let status = header(":status")
-            .and_then(|s| std::str::from_utf8(s).ok())
-            .and_then(|s| s.parse::<u16>().ok())
-            .unwrap_or(0);
-        // Only a non-2xx answer can be Envoy's own (the router's timeout or reset, the rate
-        // limit filter's refusal); a 2xx is the provider's. The property read costs ~2.5 µs
-        // a request in Envoy (README "Performance").
-        let details = if (200..300).contains(&status) {
-            None
-        } else {
-            host::property(&["response", "code_details"])
-        };
-        let head = ResponseHead {
-            status,
-            content_type: header("content-type"),
-            retry_after: header("retry-after"),
-            code_details: details.as_deref().and_then(|d| std::str::from_utf8(d).ok()),
-            ratelimit_reset: header("x-ratelimit-reset"),
-        };
-        let (action, rewrite) = self.exchange.on_response_headers(&head, end_of_stream);
-        if matches!(action, ResponseAction::Stream { .. } | ResponseAction::Buffer) {
-            // A provider may echo its credential in a header, too.
-            for (name, value) in self.exchange.scrub_headers(&pairs) {
-                if let Err(status) = host::set_header(Map::Response, &name, &value) {
-                    return self.internal_error("scrubbing a response header", status);
-                }
+        // Read only for a non-2xx answer (a 2xx is the provider's): the
+        // property read costs ~2.5 µs a request in Envoy (README "Performance").
+        let details = || host::property(&["response", "code_details"]);
+        let step = self.exchange.on_response_headers(&pairs, details, end_of_stream);
+        for (name, value) in &step.scrub {
+            if let Err(status) = host::set_header(Map::Response, name, value) {
+                return self.internal_error("scrubbing a response header", status);
             }
         }
-        match (action, rewrite) {
-            (ResponseAction::Continue, _) => Action::Continue,
-            (ResponseAction::Stream { remove, set }, _) => {
+        match step.action {
+            ResponseAction::Continue => Action::Continue,
+            ResponseAction::Stream { remove, set } => {
                 if let Err(status) = host::edit_headers(Map::Response, &remove, &set) {
                     return self.internal_error("editing stream headers", status);
                 }
-                self.response = Response::Streaming;
                 Action::Continue
             }
-            // A headers-only answer has no body to edit: a direct local reply
-            // (we are in on_response_headers) replaces it.
-            // (Envoy's rate limit filter's refusals, too: see limits::envoy_refusal.)
-            (ResponseAction::Buffer, Some(rewrite)) => {
+            // A headers-only answer has no body to edit, and a refusal by a
+            // filter after ours (limits::envoy_refusal) is not the provider's:
+            // a direct local reply (we are in on_response_headers) replaces it.
+            ResponseAction::Answer(rewrite) => {
                 self.publish_usage();
                 self.reply_with(&rewrite)
             }
-            (ResponseAction::Fallback(call), _) => {
+            ResponseAction::Fallback(call) => {
                 // Held, so no byte of the failed answer reaches the client.
-                self.response = Response::Calling;
                 self.dispatch(call);
                 Action::Pause
             }
-            (ResponseAction::Buffer, None) => {
-                // Held: body callbacks still arrive (allow_on_headers_stop_iteration),
-                // and status and headers can be fixed once the body is known.
-                self.response = Response::Buffering;
-                Action::Pause
-            }
+            // Held: body callbacks still arrive (allow_on_headers_stop_iteration),
+            // and status and headers can be fixed once the body is known.
+            ResponseAction::Buffer => Action::Pause,
         }
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let first_bytes = body_size > 0 && self.first_byte_ns.is_none();
         // The clock is read only when a time is taken: a stream has many callbacks.
-        if (first_bytes || end_of_stream) && matches!(self.response, Response::Streaming | Response::Buffering) {
+        let stage = self.exchange.stage();
+        if (first_bytes || end_of_stream) && matches!(stage, Stage::Streaming | Stage::Buffering) {
             let now = host::now_nanos();
             if first_bytes {
                 self.first_byte_ns = Some(now);
@@ -470,11 +388,11 @@ impl HttpContext for Stream {
                 self.done_ns = Some(now);
             }
         }
-        match self.response {
-            Response::Untouched | Response::Expected => Action::Continue,
+        match stage {
+            Stage::Untouched | Stage::Awaiting => Action::Continue,
             // The failed answer's body is held until the local reply drops it.
-            Response::Calling => Action::Pause,
-            Response::Streaming => {
+            Stage::Calling => Action::Pause,
+            Stage::Streaming => {
                 // After Continue, the visible buffer is only this chunk.
                 let chunk = match host::buffer(Buffer::ResponseBody, 0, body_size) {
                     Ok(chunk) => chunk,
@@ -494,7 +412,7 @@ impl HttpContext for Stream {
                 }
                 Action::Continue
             }
-            Response::Buffering => {
+            Stage::Buffering => {
                 // The previous callback drained Envoy's buffer: this is only the new chunk.
                 let chunk = match host::buffer(Buffer::ResponseBody, 0, body_size) {
                     Ok(chunk) => chunk,
@@ -522,7 +440,6 @@ impl HttpContext for Stream {
                 let body = self.whole_answer(chunk);
                 let rewrite = self.exchange.on_buffered_body(&body);
                 drop(body);
-                self.response = Response::Untouched;
                 self.publish_usage();
                 self.finish_held(&rewrite, body_size)
             }
@@ -531,8 +448,8 @@ impl HttpContext for Stream {
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
         // With trailers, no body callback had end_of_stream: finish here.
-        match self.response {
-            Response::Streaming => {
+        match self.exchange.stage() {
+            Stage::Streaming => {
                 self.stream_out.clear();
                 self.exchange.on_stream_body(&[], true, &mut self.stream_out);
                 if !self.stream_out.is_empty()
@@ -542,7 +459,7 @@ impl HttpContext for Stream {
                 }
                 Action::Continue
             }
-            Response::Buffering => {
+            Stage::Buffering => {
                 let rest = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
                 let rest_len = rest.len();
                 if let Some(held) = self.held_max.as_mut() {
@@ -551,19 +468,17 @@ impl HttpContext for Stream {
                 let body = self.whole_answer(rest);
                 let rewrite = self.exchange.on_buffered_body(&body);
                 drop(body);
-                self.response = Response::Untouched;
                 self.publish_usage();
                 self.finish_held(&rewrite, rest_len)
             }
-            Response::Calling => Action::Pause,
-            Response::Untouched | Response::Expected => Action::Continue,
+            Stage::Calling => Action::Pause,
+            Stage::Untouched | Stage::Awaiting => Action::Continue,
         }
     }
 
     fn on_log(&mut self) {
         // on_log runs for every stream, client disconnects included: the one
         // place where an answer's tokens are sure to be counted.
-        self.exchange.settle(&mut host::SharedData, Self::now_secs());
         self.publish_usage();
         let now = host::now_nanos();
         let since = |t: Option<u64>, from: Option<u64>| Some(t?.saturating_sub(from?) / 1_000_000);
@@ -571,14 +486,26 @@ impl HttpContext for Stream {
             upstream_ms: since(self.done_ns.or(Some(now)), self.forwarded_ns),
             first_byte_ms: since(self.first_byte_ns, self.forwarded_ns),
         };
-        for update in self.exchange.metrics(timing).unwrap_or_default() {
-            if let Err(status) = host::apply_metric(&update) {
+        let elapsed_ms = now.saturating_sub(self.started_ns) / 1_000_000;
+        let Some(log) = self
+            .exchange
+            .on_log(&mut host::SharedData, now / 1_000_000_000, timing, elapsed_ms)
+        else {
+            return;
+        };
+        for update in &log.metrics {
+            if let Err(status) = host::apply_metric(update) {
                 log::debug!("waygate: stat {} not updated (status {})", update.name, status.0);
             }
         }
-        let elapsed_ms = now.saturating_sub(self.started_ns) / 1_000_000;
-        if let Some(line) = self.exchange.access_log(elapsed_ms) {
-            host::log_info(&line);
-        }
+        host::log_info(&log.line);
     }
+}
+
+/// Sends a local reply; a refusal by the host is logged (nothing else can be done).
+fn send_reply(status: u16, headers: &[(String, String)], body: &[u8]) -> Action {
+    if let Err(status) = host::send_local_response(status, headers, body) {
+        log::error!("waygate: local reply refused by the host (status {})", status.0);
+    }
+    Action::Pause
 }

@@ -46,7 +46,7 @@ impl RootContext for Root {
                     );
                 }
                 if config.limits == crate::config::Limits::Local {
-                    crate::limits::prepare(&mut host::SharedData, &config.keys);
+                    crate::limits::prepare(&mut host::SharedData, config.keys.iter().map(|k| &**k));
                 }
                 self.config = Some(Rc::new(config));
                 true

@@ -1,7 +1,7 @@
 //! Router fallback's hand-over between the two roles of the filter: the
 //! downstream context registers a request's attempts under a token it
 //! publishes as filter state ([`TOKEN_PROPERTY`]) beside each attempt's
-//! cluster ([`SLOT_PROPERTY`] `<n>`, read by the route's cluster matcher), and
+//! cluster ([`crate::attempts::SLOT_PROPERTY`], read by the route's cluster matcher), and
 //! each router attempt's upstream context finds them by it: the upstream
 //! request's filter state sees the downstream one's. Nothing of it is a
 //! header, so nothing of it reaches a provider. Both run in the same VM on the same worker
@@ -16,9 +16,6 @@ use crate::attempts::Attempts;
 
 /// The filter state (`wasm.waygate_routed`) that carries the token.
 pub const TOKEN_PROPERTY: &str = "waygate_routed";
-/// Followed by `n`: the filter state naming attempt `n`'s cluster
-/// (`wasm.waygate_slot_<n>` in the route's matcher).
-pub const SLOT_PROPERTY: &str = "waygate_slot_";
 
 type Shared = Rc<RefCell<Attempts>>;
 

@@ -1491,6 +1491,29 @@ mod tests {
     }
 
     #[test]
+    fn a_step_the_host_refused_ends_the_request_as_a_logged_500() {
+        let mut ex = forwarded("oa/x", false);
+        assert_eq!(ex.stage(), Stage::Awaiting);
+        let reply = ex.fail("rewriting the request failed");
+        assert_eq!(reply.status, 500);
+        let v: Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(v["error"]["code"], "internal_error");
+        // Envoy passes the reply back through the response callbacks: not ours.
+        assert_eq!(ex.stage(), Stage::Untouched);
+        let step = ex.on_response_headers(&head(500, "application/json"), via_upstream, false);
+        assert_eq!(step.action, ResponseAction::Continue);
+        let log = ex
+            .on_log(&mut MemoryStore::default(), 1, metrics::Timing::default(), 2)
+            .unwrap();
+        assert!(log.line.contains("status=500"), "{}", log.line);
+        assert!(
+            log.metrics.iter().any(|u| u.name == "waygate.errors.internal_error"),
+            "{:?}",
+            log.metrics
+        );
+    }
+
+    #[test]
     fn the_clients_key_in_other_headers_is_never_forwarded() {
         let mut ex = Exchange::new(config());
         let pairs = request_headers(&[

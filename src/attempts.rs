@@ -8,6 +8,12 @@
 //! its outcome, which the downstream filter reads when the final answer
 //! arrives. Envoy shares the request header map between attempts, so every
 //! attempt first removes the headers any other attempt would set.
+//!
+//! Every attempt is translated up front, not when the router starts it:
+//! whether a candidate's API can express the request at all must be known
+//! before its cluster is published as a slot, since an upstream filter
+//! cannot pass an attempt on to the next cluster (its local reply goes to
+//! the client and is never retried).
 
 use std::rc::Rc;
 

@@ -57,6 +57,10 @@
 // reads as null; the bootstrap's shape is checked when Envoy loads it).
 #![allow(clippy::indexing_slicing)]
 
+// The shipped bootstraps shaped as the integration tests shape them.
+#[path = "../tests/common/bootstrap.rs"]
+mod bootstrap;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -951,69 +955,28 @@ fn rss_kib(pid: u32) -> Option<u64> {
     line.trim().trim_end_matches("kB").trim().parse().ok()
 }
 
-/// `envoy/local.yaml` with ports 0, the `fake` cluster on the fake upstream, and no access
-/// log. With `filter` (the plugin configuration and the `.wasm`), the wasm filter reads
-/// them; without, it is removed and the `fake` route matches every request.
-/// `file` (`envoy/local.yaml` or `envoy/local-router.yaml`) with ephemeral ports, no access
-/// log, the fake provider's address, and either the filter with `plugin` and the module at
-/// `wasm` (also in every cluster's upstream role) or no filter at all.
+/// `file` (`envoy/local.yaml` or `envoy/local-router.yaml`) as [`bootstrap::shipped`] shapes
+/// it, without the access log. With `filter` (the plugin configuration and the `.wasm`), the
+/// wasm filter and every cluster's upstream role run them; without, the filter is removed and
+/// the `fake` route matches every request.
 fn bootstrap(root: &Path, file: &str, fake: SocketAddr, filter: Option<(&Value, &Path)>) -> Result<String, Error> {
-    let text = std::fs::read_to_string(root.join(file))?;
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
-    doc["admin"]["address"]["socket_address"]["port_value"] = 0.into();
-    let listener = &mut doc["static_resources"]["listeners"][0];
-    listener["address"]["socket_address"]["port_value"] = 0.into();
-    let hcm = &mut listener["filter_chains"][0]["filters"][0]["typed_config"];
+    let mut doc = bootstrap::shipped(root, file, fake, filter)?;
+    let hcm = &mut doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
     // One write per request off the hot path, in both Envoys alike.
     if let Some(hcm) = hcm.as_mapping_mut() {
         hcm.remove("access_log");
     }
-    let filters = hcm["http_filters"]
-        .as_sequence_mut()
-        .ok_or("no http_filters in envoy/local.yaml")?;
-    match filter {
-        Some((plugin, wasm)) => {
-            let waygate = filters
-                .iter_mut()
-                .find(|f| f["name"] == "waygate")
-                .ok_or("no waygate filter in envoy/local.yaml")?;
-            let config = &mut waygate["typed_config"]["config"];
-            config["configuration"]["value"] = serde_json::to_string(plugin)?.into();
-            config["vm_config"]["code"]["local"]["filename"] = wasm.to_string_lossy().into_owned().into();
-        }
-        None => {
-            filters.retain(|f| f["name"] != "waygate");
-            let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
-                .as_sequence_mut()
-                .ok_or("no routes in envoy/local.yaml")?;
-            for route in routes.iter_mut().filter(|r| r["name"] == "fake") {
-                if let Some(m) = route["match"].as_mapping_mut() {
-                    m.remove("headers");
-                }
-            }
-        }
-    }
-    let clusters = doc["static_resources"]["clusters"]
-        .as_sequence_mut()
-        .ok_or("no clusters in envoy/local.yaml")?;
-    for cluster in clusters.iter_mut() {
-        if cluster["name"] == "fake" {
-            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"] =
-                fake.port().into();
-        }
-        // The router-fallback bootstrap's upstream role loads the same module. (Looked up,
-        // not indexed: indexing a YAML mapping adds what it lacks.)
-        let upstream = cluster
-            .get_mut("typed_extension_protocol_options")
-            .and_then(|o| o.get_mut("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"))
-            .and_then(|o| o.get_mut("http_filters"))
-            .and_then(serde_yaml::Value::as_sequence_mut);
-        for role in upstream.into_iter().flatten() {
-            if let Some((_, wasm)) = filter
-                && role["name"] == "waygate_upstream"
-            {
-                role["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
-                    wasm.to_string_lossy().into_owned().into();
+    if filter.is_none() {
+        hcm["http_filters"]
+            .as_sequence_mut()
+            .ok_or_else(|| format!("no http_filters in {file}"))?
+            .retain(|f| f["name"] != "waygate");
+        let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+            .as_sequence_mut()
+            .ok_or_else(|| format!("no routes in {file}"))?;
+        for route in routes.iter_mut().filter(|r| r["name"] == "fake") {
+            if let Some(m) = route["match"].as_mapping_mut() {
+                m.remove("headers");
             }
         }
     }

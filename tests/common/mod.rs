@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 #![allow(dead_code)]
 
+mod bootstrap;
 pub mod envoy;
 pub mod ratelimit;
 
@@ -130,33 +131,11 @@ pub fn router_bootstrap(fake: SocketAddr, plugin: &Value) -> String {
     shipped_bootstrap("envoy/local-router.yaml", fake, &plugin)
 }
 
+/// `file` as [`bootstrap::shipped`] shapes it for the built module and `plugin`, plus the
+/// tests' own clusters.
 fn shipped_bootstrap(file: &str, fake: SocketAddr, plugin: &Value) -> String {
-    let text = std::fs::read_to_string(root().join(file)).unwrap();
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-    doc["admin"]["address"]["socket_address"]["port_value"] = 0.into();
-    let listener = &mut doc["static_resources"]["listeners"][0];
-    listener["address"]["socket_address"]["port_value"] = 0.into();
-    let wasm =
-        &mut listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]["typed_config"]["config"];
-    wasm["configuration"]["value"] = serde_json::to_string(plugin).unwrap().into();
-    let wasm_file: serde_yaml::Value = wasm_path().to_string_lossy().to_string().into();
-    wasm["vm_config"]["code"]["local"]["filename"] = wasm_file.clone();
-    for cluster in doc["static_resources"]["clusters"].as_sequence_mut().unwrap() {
-        let upstream_filters = cluster
-            .get_mut("typed_extension_protocol_options")
-            .and_then(|o| o.get_mut("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"))
-            .and_then(|o| o.get_mut("http_filters"))
-            .and_then(serde_yaml::Value::as_sequence_mut);
-        for filter in upstream_filters.into_iter().flatten() {
-            if !filter["typed_config"]["config"]["vm_config"].is_null() {
-                filter["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = wasm_file.clone();
-            }
-        }
-        if cluster["name"] == "fake" {
-            let sa = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
-            sa["port_value"] = fake.port().into();
-        }
-    }
+    let mut doc =
+        bootstrap::shipped(&root(), file, fake, Some((plugin, &wasm_path()))).unwrap_or_else(|e| panic!("{e}"));
     // A `closed` cluster on a port nobody listens on, and a `slammer` cluster
     // whose server accepts and closes at once (a reset before any response).
     add_cluster_like_fake(&mut doc, "closed", closed_port());

@@ -5,12 +5,12 @@
 //! state, or a local reply. Nothing here calls the host, so the whole
 //! request path runs natively in tests.
 //!
-//! A request goes through [`State`]: its headers are checked (contract §4, up
+//! A request goes through `State`: its headers are checked (contract §4, up
 //! to the size) → its body is read (parse, resolve, authorise, route,
 //! translate) → upstream → the answer streamed, buffered, or replaced by a
 //! fallback call's → done, and [`Exchange::on_log`] writes what it was.
 //! Each state holds the data only it needs; what the log and the stats say
-//! of the request is gathered in one [`Record`] beside it.
+//! of the request is gathered in one `Record` beside it.
 
 use std::cell::RefCell;
 use std::rc::Rc;

@@ -17,32 +17,27 @@
 //!    Whatever came from a provider has its credential scrubbed ([`redact`]).
 //! 5. The access log line and the stats come from [`exchange::Exchange::on_log`].
 //!
-//! [`config`] parses the plugin configuration once per VM; [`dom`] reads JSON
-//! into a `Value` literally (no key taken as serde_json's raw-value marker);
-//! [`members`], [`split`], [`layout`] and [`scan`] serve the hot paths (targeted
-//! JSON rewrites, one-pass reads, OpenAI chunks recognised by their layout,
-//! word-at-a-time searches).
+//! [`config`] parses the plugin configuration once per VM; [`json`] is the
+//! JSON toolkit (a literal DOM reader, one-pass member reads and walks,
+//! targeted rewrites, OpenAI chunks recognised by their layout); [`scan`]
+//! has the word-at-a-time byte searches of the hot paths.
 
 pub mod answer;
 pub mod attempts;
 pub mod auth;
 pub mod config;
-pub mod dom;
 pub mod errors;
 pub mod exchange;
 pub mod glob;
 pub mod ids;
 pub mod json;
-pub mod layout;
 pub mod limits;
-pub mod members;
 pub mod metrics;
 pub mod providers;
 pub mod redact;
 pub mod request;
 pub mod routing;
 pub mod scan;
-pub mod split;
 pub mod sse;
 pub mod stream;
 pub mod usage;

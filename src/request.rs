@@ -16,7 +16,7 @@ use std::ops::Range;
 use serde_json::{Map, Value};
 
 use crate::errors::ApiError;
-use crate::members::Members;
+use crate::json::members::Members;
 
 /// Which operation the client called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +48,7 @@ impl ParsedRequest {
         if let Some(dom) = self.dom.get() {
             return Ok(dom);
         }
-        let Ok(Value::Object(dom)) = crate::dom::parse(&self.raw) else {
+        let Ok(Value::Object(dom)) = crate::json::dom::parse(&self.raw) else {
             return Err(unreadable());
         };
         Ok(self.dom.get_or_init(|| dom))
@@ -77,7 +77,7 @@ impl ParsedRequest {
         }
         match self.members()?.get(name) {
             None => Ok(None),
-            Some(raw) => crate::dom::parse(raw.get()).map(Some).map_err(|_| unreadable()),
+            Some(raw) => crate::json::dom::parse(raw.get()).map(Some).map_err(|_| unreadable()),
         }
     }
 }
@@ -129,8 +129,8 @@ fn validate_dom(
     // Invalid UTF-8 is parsed as bytes only for serde's error, which names
     // where the bad byte is.
     let parsed = match text {
-        Ok(text) => crate::dom::parse(text),
-        Err(_) => crate::dom::parse_slice(bytes),
+        Ok(text) => crate::json::dom::parse(text),
+        Err(_) => crate::json::dom::parse_slice(bytes),
     };
     let value: Value = parsed.map_err(|e| {
         ApiError::bad_request("invalid_json", "body", format!("Request body is not valid JSON: {e}.")).with_param_none()

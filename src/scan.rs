@@ -148,7 +148,7 @@ pub fn position_below_ascii(bytes: &[u8], n: u8) -> (Option<usize>, bool) {
 /// Where the run of plain JSON string text starting at `at` ends: the index
 /// of its first quote, backslash or control character (below 0x20, which
 /// JSON forbids unescaped), or `bytes.len()`.
-/// The JSON walk's inner loop ([`crate::split`]): inlined, with a plain index
+/// The JSON walk's inner loop ([`crate::json::split`]): inlined, with a plain index
 /// for an answer, it keeps the position in a wasm local instead of the
 /// stack a returned `Option<usize>` goes through.
 #[inline(always)]

@@ -491,7 +491,7 @@ impl StreamRewriter {
         // A delta was scrubbed or held: its choices go through a DOM. (A body
         // serde's DOM refuses fails here as it does on the translator's path.)
         let scrubbed_choices = if changed {
-            let Ok(Value::Array(mut values)) = crate::dom::parse(choices) else {
+            let Ok(Value::Array(mut values)) = crate::json::dom::parse(choices) else {
                 return false;
             };
             for (choice, scrubbed) in values.iter_mut().zip(scrubbed) {

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Value, json};
 
-use crate::members::ObjectWriter;
+use crate::json::members::ObjectWriter;
 
 /// Prompt and completion tokens of one answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -18,9 +18,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use waygate::config::Config;
-use waygate::exchange::{
-    Call, CallStep, Exchange, Forward, HeadersAction, Reply, ResponseAction, Rewrite,
-};
+use waygate::exchange::{Call, CallStep, Exchange, Forward, HeadersAction, Reply, ResponseAction, Rewrite};
 use waygate::metrics::{Kind, Timing};
 use waygate::request::Operation;
 use waygate_fuzz::{

@@ -44,10 +44,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(!plan[i + 1..].contains(c), "no candidate twice");
         assert!(c.provider.credential.is_some(), "credentialed only");
     }
-    let credentialed: Vec<_> = defaults
-        .iter()
-        .filter(|c| c.provider.credential.is_some())
-        .collect();
+    let credentialed: Vec<_> = defaults.iter().filter(|c| c.provider.credential.is_some()).collect();
     if directive.allow_fallbacks {
         assert!(
             credentialed.iter().all(|c| plan.contains(c)),
@@ -57,8 +54,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(plan.len() <= 1);
     } else {
         assert!(
-            plan.iter()
-                .all(|c| directive.prefer.contains(&c.provider.id)),
+            plan.iter().all(|c| directive.prefer.contains(&c.provider.id)),
             "without fallbacks only preferred providers"
         );
     }

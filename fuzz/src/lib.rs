@@ -396,7 +396,7 @@ fn event_value(data: &str) -> Value {
         Err(e) if e.to_string().starts_with("number out of range") || data.contains(RAW_VALUE_TOKEN) => {
             serde_json::from_str::<&serde_json::value::RawValue>(data)
                 .unwrap_or_else(|e| panic!("event is not JSON ({e}): {data:?}"));
-            let members = waygate::members::Members::parse_str(data)
+            let members = waygate::json::members::Members::parse_str(data)
                 .unwrap_or_else(|e| panic!("event is not JSON ({e}): {data:?}"));
             let read = |raw: &str| {
                 serde_json::from_str(raw).unwrap_or_else(|_| match raw.as_bytes().first() {
@@ -586,8 +586,9 @@ pub fn check_split(body: &[u8]) {
         return;
     };
     let mut split = Vec::new();
-    if waygate::split::split(text, |name, value| split.push((name, value))).is_some() {
-        let serde: waygate::members::Members = serde_json::from_str(text).expect("serde reads what the split reads");
+    if waygate::json::split::split(text, |name, value| split.push((name, value))).is_some() {
+        let serde: waygate::json::members::Members =
+            serde_json::from_str(text).expect("serde reads what the split reads");
         let serde: Vec<(&str, &str)> = serde
             .0
             .iter()

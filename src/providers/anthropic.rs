@@ -715,7 +715,7 @@ impl AnthropicStream {
         if self.mode == Mode::Json
             && finish == "stop"
             && self.tool_blocks.is_empty()
-            && !matches!(crate::dom::parse(self.text.trim()), Ok(Value::Object(_)))
+            && !matches!(crate::json::dom::parse(self.text.trim()), Ok(Value::Object(_)))
         {
             items.push(StreamItem::Error(interrupted(
                 "The provider's answer is not a JSON object (response_format json_object).",
@@ -778,7 +778,7 @@ impl StreamTranslator for AnthropicStream {
 /// `{"type":"error","error":{"type":"...","message":"..."}}`: the code is
 /// the error's `type` (`overloaded_error`, `invalid_request_error`, ...).
 pub fn error_details(body: &[u8]) -> ErrorDetails {
-    let Ok(value) = crate::dom::parse_slice(body) else {
+    let Ok(value) = crate::json::dom::parse_slice(body) else {
         return ErrorDetails::default();
     };
     let error = value.get("error").unwrap_or(&Value::Null);

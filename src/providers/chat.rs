@@ -298,7 +298,7 @@ fn tool_calls<'a>(raw: Option<&'a Value>, at: &str) -> Result<Vec<ToolCall<'a>>,
             let arguments = match call.pointer("/function/arguments") {
                 None | Some(Value::Null) => Map::new(),
                 Some(Value::String(s)) if s.trim().is_empty() => Map::new(),
-                Some(Value::String(s)) => match crate::dom::parse(s) {
+                Some(Value::String(s)) => match crate::json::dom::parse(s) {
                     Ok(Value::Object(map)) => map,
                     _ => {
                         return Err(bad_value(
@@ -462,7 +462,7 @@ pub(super) fn json_text(text: &str) -> Option<&str> {
         .and_then(|rest| rest.strip_suffix("```"))
         .map(|rest| rest.strip_prefix("json").unwrap_or(rest).trim())
         .unwrap_or(trimmed);
-    matches!(crate::dom::parse(inner), Ok(Value::Object(_))).then_some(inner)
+    matches!(crate::json::dom::parse(inner), Ok(Value::Object(_))).then_some(inner)
 }
 
 #[cfg(test)]

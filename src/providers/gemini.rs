@@ -170,7 +170,7 @@ fn conversation(messages: &[Message<'_>], signatures: bool) -> Result<(Vec<Value
                         "must be the id of a tool call in an earlier assistant message",
                     ));
                 };
-                let response = match crate::dom::parse(content) {
+                let response = match crate::json::dom::parse(content) {
                     Ok(object @ Value::Object(_)) => object,
                     _ => json!({"result": content}),
                 };
@@ -688,7 +688,7 @@ impl StreamTranslator for GeminiStream {
 /// the code is the `status` string. (`streamGenerateContent` without
 /// `alt=sse` wraps it in an array.)
 pub fn error_details(body: &[u8]) -> ErrorDetails {
-    let Ok(value) = crate::dom::parse_slice(body) else {
+    let Ok(value) = crate::json::dom::parse_slice(body) else {
         return ErrorDetails::default();
     };
     let value = match &value {

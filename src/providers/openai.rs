@@ -9,7 +9,7 @@ use super::{ErrorDetails, StreamItem, StreamTranslator, UpstreamRequest};
 use crate::answer::Stamp;
 use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType};
-use crate::members::{Members, ObjectWriter};
+use crate::json::members::{Members, ObjectWriter};
 use crate::request::{Operation, ParsedRequest};
 use crate::sse::SseEvent;
 use crate::usage::Usage;
@@ -101,7 +101,7 @@ fn internal() -> ApiError {
 
 /// Checks a provider's 2xx body and reads its usage.
 pub fn translate_answer(_request: &ParsedRequest, body: &[u8]) -> Result<(Value, Usage), String> {
-    let value = crate::dom::parse_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let value = crate::json::dom::parse_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
     if !value.get("choices").is_some_and(Value::is_array) {
         return Err("answer has no 'choices' array".into());
     }
@@ -179,7 +179,7 @@ impl StreamTranslator for OpenAiStream {
 /// provider's own `{"error": {"message": ...}}` (OpenAI and Gemini both send
 /// that shape mid-stream).
 pub fn json_event(data: &str) -> Result<Value, ApiError> {
-    let Ok(value) = crate::dom::parse(data) else {
+    let Ok(value) = crate::json::dom::parse(data) else {
         return Err(interrupted("The provider sent an event that is not JSON."));
     };
     if let Some(error) = value.get("error") {
@@ -199,7 +199,7 @@ pub fn interrupted(message: &str) -> ApiError {
 
 /// `{"error": {"message": ..., "code": ...}}`, OpenAI's error shape.
 pub fn error_details(body: &[u8]) -> ErrorDetails {
-    let Ok(value) = crate::dom::parse_slice(body) else {
+    let Ok(value) = crate::json::dom::parse_slice(body) else {
         return ErrorDetails::default();
     };
     let error = value.get("error").unwrap_or(&Value::Null);

@@ -13,7 +13,7 @@
 use std::ops::Range;
 
 use super::Operation;
-use crate::split::Walk;
+use crate::json::split::Walk;
 
 /// What the fast path read from an accepted body.
 pub(super) struct Accepted {
@@ -355,7 +355,7 @@ fn part(walk: &mut Walk<'_>) -> Option<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::members::Members;
+    use crate::json::members::Members;
     use crate::request::parse_dom;
 
     /// Whenever the fast path accepts, the DOM validator accepts too and

@@ -12,9 +12,9 @@
 //! JSON is context-free: bytes that read one way after the same bytes read
 //! the same way again, and any string token can stand where another stood.
 
-use crate::layout::{Layout, offset_in};
+use crate::json::layout::{Layout, offset_in};
+use crate::json::split::Walk;
 use crate::scan;
-use crate::split::Walk;
 
 /// What [`super::StreamRewriter::copy_chunk`] reads of one event: of the
 /// (last) `choices` array, what each choice holds; the rest is copied (the

@@ -1,6 +1,6 @@
 //! JSON text read in one pass without serde's machinery per member (in
 //! wasm that machinery, not the bytes, was most of the cost of a stream
-//! event): [`split`], the fast path of [`crate::members::Members`], gives
+//! event): [`split`], the fast path of [`crate::json::members::Members`], gives
 //! an object's top-level members; a [`Walk`] lets its caller look inside
 //! values as it passes them (each message of a request, each choice of a
 //! stream chunk).
@@ -507,7 +507,7 @@ mod tests {
 
     /// What serde makes of `text` as an object of raw members, when it can.
     fn serde_split(text: &str) -> Option<Vec<(String, String)>> {
-        let members = serde_json::from_str::<crate::members::Members>(text).ok()?;
+        let members = serde_json::from_str::<crate::json::members::Members>(text).ok()?;
         Some(
             members
                 .0

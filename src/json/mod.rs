@@ -1,6 +1,21 @@
-//! JSON text without a DOM: a string's text read from its JSON form (escapes
-//! included, exactly as serde reads them), for the stream and provider code
-//! that walks JSON by hand on its hot paths.
+//! The JSON toolkit: everything that reads or writes JSON text without
+//! serde's derive, in one place.
+//!
+//! - [`dom`]: JSON text into a `serde_json::Value`, read literally (no key
+//!   taken as serde_json's raw-value marker).
+//! - [`split`]: an object's members and a walk inside its values, in one
+//!   pass, for text serde reads the same way.
+//! - [`members`]: an object's top-level members as borrowed raw slices, and
+//!   an object writer, for targeted rewrites.
+//! - [`layout`]: a text recognised as laid out like an earlier one but for
+//!   one string (the OpenAI chunk copy path).
+//! - Here: a string's text from its JSON form, escapes included, exactly as
+//!   serde reads it.
+
+pub mod dom;
+pub mod layout;
+pub mod members;
+pub mod split;
 
 use std::borrow::Cow;
 
@@ -49,14 +64,14 @@ fn unescape(inner: &str) -> Option<String> {
             b'r' => '\r',
             b't' => '\t',
             b'u' => {
-                let unit = crate::split::hex4(bytes, at)?;
+                let unit = crate::json::split::hex4(bytes, at)?;
                 at = at.wrapping_add(4);
                 if (0xD800..0xDC00).contains(&unit) {
                     // A high surrogate: its low one must follow at once.
                     if bytes.get(at) != Some(&b'\\') || bytes.get(at.wrapping_add(1)) != Some(&b'u') {
                         return None;
                     }
-                    let low = crate::split::hex4(bytes, at.wrapping_add(2))?;
+                    let low = crate::json::split::hex4(bytes, at.wrapping_add(2))?;
                     if !(0xDC00..0xE000).contains(&low) {
                         return None;
                     }

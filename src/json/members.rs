@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::split::split;
+use crate::json::split::split;
 
 /// One object's members in their order: name (unescaped) and raw value.
 pub struct Members<'a>(pub Vec<(Cow<'a, str>, Raw<'a>)>);

@@ -10,8 +10,8 @@
 //! valid string token, and answers nothing otherwise (the caller then reads
 //! the text as before and may keep its layout for the next).
 
+use crate::json::split::{string_token_end_escaped, whitespace_from};
 use crate::scan;
-use crate::split::{string_token_end_escaped, whitespace_from};
 
 /// The bytes around one string token of a JSON text.
 pub struct Layout {

@@ -54,6 +54,7 @@ unsafe extern "C" {
     fn proxy_set_buffer_bytes(buffer: u32, start: usize, size: usize, data: *const u8, len: usize) -> u32;
     fn proxy_get_property(path: *const u8, path_len: usize, data: *mut *mut u8, size: *mut usize) -> u32;
     fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
+    fn proxy_close_stream(stream_type: u32) -> u32;
     fn proxy_log(level: u32, message: *const u8, message_len: usize) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, name_len: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
@@ -286,6 +287,16 @@ pub fn now_nanos() -> u64 {
         OK => t,
         _ => 0,
     }
+}
+
+/// Resets the HTTP stream's response (ABI `proxy_close_stream`, Envoy resets
+/// the stream once the current callback returns): for a live stream that
+/// can no longer be rewritten, whose headers are already sent.
+pub fn reset_response() -> Result<(), Status> {
+    /// The ABI's `StreamType::HttpResponse`.
+    const HTTP_RESPONSE: u32 = 1;
+    // SAFETY: no pointers.
+    check(unsafe { proxy_close_stream(HTTP_RESPONSE) })
 }
 
 /// Queues a local reply; Envoy sends it when the current callback returns.

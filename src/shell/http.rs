@@ -70,6 +70,19 @@ impl Stream {
         send_reply(reply.status, &reply.headers, &reply.body)
     }
 
+    /// A live stream could not be read or rewritten. Its headers are sent,
+    /// so no error answer can replace it, and passing the provider's bytes
+    /// on would send them untranslated and unscrubbed: the stream is reset
+    /// (the client's SDK raises a connection error), and logged as a 500.
+    fn cut_stream(&mut self, what: &str, status: host::Status) -> Action {
+        // The reply cannot be sent: the stream's headers are gone.
+        let _ = self.exchange.fail(&format!("{what} failed (host status {})", status.0));
+        if let Err(status) = host::reset_response() {
+            log::error!("waygate: resetting the stream failed (status {})", status.0);
+        }
+        Action::Pause
+    }
+
     /// The host refused a step that should not fail: the contract's 500.
     fn internal_error(&mut self, what: &str, status: host::Status) -> Action {
         let reply = self.exchange.fail(&format!("{what} failed (host status {})", status.0));
@@ -396,16 +409,13 @@ impl HttpContext for Stream {
                 // After Continue, the visible buffer is only this chunk.
                 let chunk = match host::buffer(Buffer::ResponseBody, 0, body_size) {
                     Ok(chunk) => chunk,
-                    Err(status) => {
-                        log::error!("waygate: reading a stream chunk failed (status {})", status.0);
-                        Vec::new()
-                    }
+                    Err(status) => return self.cut_stream("reading a stream chunk", status),
                 };
                 self.stream_out.clear();
                 self.exchange
                     .on_stream_body(&chunk, end_of_stream, &mut self.stream_out);
                 if let Err(status) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &self.stream_out) {
-                    log::error!("waygate: replacing a stream chunk failed (status {})", status.0);
+                    return self.cut_stream("replacing a stream chunk", status);
                 }
                 if end_of_stream {
                     self.publish_usage();
@@ -455,7 +465,7 @@ impl HttpContext for Stream {
                 if !self.stream_out.is_empty()
                     && let Err(status) = host::set_buffer(Buffer::ResponseBody, usize::MAX, 0, &self.stream_out)
                 {
-                    log::error!("waygate: appending the stream end failed (status {})", status.0);
+                    return self.cut_stream("appending the stream end", status);
                 }
                 Action::Continue
             }

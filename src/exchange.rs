@@ -58,6 +58,19 @@ pub struct HeadersStep {
     pub action: HeadersAction,
 }
 
+/// What to do at a request body callback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyStep {
+    /// Not a body the filter reads (not ours, or answered already).
+    Pass,
+    /// Not all here yet: hold it.
+    Wait,
+    /// Answer now (the body is already too large).
+    Reply(Reply),
+    /// All here: read it and hand it to [`Exchange::on_request_body`].
+    Read,
+}
+
 /// The filter state `wasm.waygate_key_id`: the client key's id, for Envoy's
 /// rate limit descriptors and access log (README "Limits and stats").
 pub const KEY_ID_PROPERTY: &str = "waygate_key_id";
@@ -408,22 +421,17 @@ impl Exchange {
         Ok(Some(op))
     }
 
-    /// A request body chunk arrived; `total` bytes are buffered so far.
-    /// Returns a reply when the body is already too large.
-    pub fn on_request_body_progress(&mut self, total: usize) -> Option<Reply> {
-        if !self.wants_body() {
-            return None;
+    /// A request body callback: `total` bytes are buffered so far, and
+    /// `end_of_stream` says whether that is all of it.
+    pub fn on_request_body_chunk(&mut self, total: usize, end_of_stream: bool) -> BodyStep {
+        if !matches!(self.state, State::Reading { .. }) {
+            return BodyStep::Pass;
         }
         if u64::try_from(total).unwrap_or(u64::MAX) > self.config.max_request_bytes {
             let e = too_large(self.config.max_request_bytes);
-            return Some(self.reply_error(&e));
+            return BodyStep::Reply(self.reply_error(&e));
         }
-        None
-    }
-
-    /// Whether the shell should read the body at all (false after a reply).
-    pub fn wants_body(&self) -> bool {
-        matches!(self.state, State::Reading { .. })
+        if end_of_stream { BodyStep::Read } else { BodyStep::Wait }
     }
 
     /// The whole request body is here. `now` is unix seconds.
@@ -1488,6 +1496,25 @@ mod tests {
         };
         let body = text(&rewrite.body);
         assert!(!body.contains(SECRET) && !body.contains(ANTHROPIC_SECRET), "{body}");
+    }
+
+    #[test]
+    fn the_body_is_held_until_its_end_and_refused_once_too_large() {
+        let mut ex = Exchange::new(config());
+        assert_eq!(ex.on_request_body_chunk(10, false), BodyStep::Pass, "headers not seen");
+        assert_eq!(
+            ex.on_request_headers(&request_headers(&[]), false).action,
+            HeadersAction::ReadBody
+        );
+        assert_eq!(ex.on_request_body_chunk(10, false), BodyStep::Wait);
+        assert_eq!(ex.on_request_body_chunk(20, true), BodyStep::Read);
+        let limit = usize::try_from(config().max_request_bytes).unwrap();
+        let BodyStep::Reply(reply) = ex.on_request_body_chunk(limit + 1, false) else {
+            panic!("an oversize body is refused before its end");
+        };
+        assert_eq!(reply.status, 413);
+        assert_eq!(ex.on_request_body_chunk(limit + 2, true), BodyStep::Pass, "answered");
+        assert_eq!(ex.stage(), Stage::Untouched);
     }
 
     #[test]

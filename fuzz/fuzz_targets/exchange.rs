@@ -18,7 +18,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use waygate::config::Config;
-use waygate::exchange::{Call, CallStep, Exchange, Forward, HeadersAction, Reply, ResponseAction, Rewrite};
+use waygate::exchange::{BodyStep, Call, CallStep, Exchange, Forward, HeadersAction, Reply, ResponseAction, Rewrite};
 use waygate::metrics::{Kind, Timing};
 use waygate::request::Operation;
 use waygate_fuzz::{
@@ -449,12 +449,17 @@ fn drive_body(
     now: u64,
     seen: &mut Seen,
 ) {
-    assert!(ex.wants_body());
-    for total in &input.progress {
-        if let Some(r) = ex.on_request_body_progress(*total as usize) {
-            assert_eq!(r.status, 413);
-            check_reply(&r, seen);
-            return;
+    let totals = input.progress.iter().map(|t| (*t as usize, false));
+    for (total, end) in totals.chain([(body.len(), true)]) {
+        match ex.on_request_body_chunk(total, end) {
+            BodyStep::Reply(r) => {
+                assert_eq!(r.status, 413);
+                check_reply(&r, seen);
+                return;
+            }
+            BodyStep::Wait => assert!(!end),
+            BodyStep::Read => assert!(end),
+            BodyStep::Pass => panic!("a body the filter asked for is read"),
         }
     }
     let forward = match ex.on_request_body(body, now, store) {

@@ -10,7 +10,7 @@ use super::host::{self, Buffer, Map};
 use super::routed;
 use crate::config::Config;
 use crate::exchange::{
-    Call, CallStep, Exchange, Forward, HeadersAction, MAX_ANSWER_BYTES, Reply, ResponseAction, Rewrite, Stage,
+    BodyStep, Call, CallStep, Exchange, Forward, HeadersAction, MAX_ANSWER_BYTES, Reply, ResponseAction, Rewrite, Stage,
 };
 
 /// Filter state `wasm.waygate_total_tokens`: the answer's prompt plus
@@ -314,15 +314,12 @@ impl HttpContext for Stream {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.exchange.wants_body() {
-            return Action::Continue;
-        }
-        if let Some(reply) = self.exchange.on_request_body_progress(body_size) {
-            return self.reply(&reply);
-        }
-        if !end_of_stream {
+        match self.exchange.on_request_body_chunk(body_size, end_of_stream) {
+            BodyStep::Pass => return Action::Continue,
             // Pause buffers: the next callback sees everything so far.
-            return Action::Pause;
+            BodyStep::Wait => return Action::Pause,
+            BodyStep::Reply(reply) => return self.reply(&reply),
+            BodyStep::Read => {}
         }
         let body = match host::buffer(Buffer::RequestBody, 0, body_size) {
             Ok(body) => body,

@@ -558,23 +558,9 @@ const CHUNK_CLOSE: &[u8] = b"}]}\n\n";
 /// every text delta's chunk, in one piece.
 const FIRST_CHOICE_CLOSE: &[u8] = b"},\"finish_reason\":null,\"index\":0}]}\n\n";
 
-/// `n` in decimal, as serde writes it: `write!` costs more in wasm than the
-/// rest of a text delta's chunk.
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at = at.saturating_sub(1);
-        if let Some(digit) = digits.get_mut(at) {
-            // A remainder below ten.
-            *digit = b'0'.wrapping_add((n % 10) as u8);
-        }
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(digits.get(at..).unwrap_or_default());
+/// `n` as serde writes it (with the same `itoa`).
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// `text` as a JSON string, as serde writes it. Most deltas have nothing

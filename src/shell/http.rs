@@ -89,10 +89,6 @@ impl Stream {
         self.reply(&reply)
     }
 
-    fn now_secs() -> u64 {
-        host::now_nanos() / 1_000_000_000
-    }
-
     /// Publishes the answer's usage as filter state for Envoy's access log
     /// and its rate limit filter.
     fn publish_usage(&mut self) {
@@ -325,13 +321,15 @@ impl HttpContext for Stream {
             Ok(body) => body,
             Err(status) => return self.internal_error("reading the request body", status),
         };
+        // One clock read: the limits' window and the upstream timings' start.
+        let now = host::now_nanos();
         match self
             .exchange
-            .on_request_body(&body, Self::now_secs(), &mut host::SharedData)
+            .on_request_body(&body, now / 1_000_000_000, &mut host::SharedData)
         {
             Ok(forward) => match self.apply_forward(&forward, body_size) {
                 Ok(()) => {
-                    self.forwarded_ns = Some(host::now_nanos());
+                    self.forwarded_ns = Some(now);
                     Action::Continue
                 }
                 Err(status) => self.internal_error("rewriting the request", status),

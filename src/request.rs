@@ -240,17 +240,35 @@ fn integer_at_least(body: &Map<String, Value>, field: &str, lo: i64) -> Result<(
     }
 }
 
-/// Sampling and output parameters shared by both operations. Ranges follow
-/// OpenAI's API reference.
+/// The numbers a request may carry and their ranges (OpenAI's API
+/// reference). The rules below and the fast path ([`fast`]) both read these
+/// tables, so each rule is written once.
+const NUMBER_RANGES: [(&str, i64, i64); 4] = [
+    ("temperature", 0, 2),
+    ("top_p", 0, 1),
+    ("presence_penalty", -2, 2),
+    ("frequency_penalty", -2, 2),
+];
+
+/// The integers a request may carry and their least values.
+const INTEGER_MINIMUMS: [(&str, i64); 4] = [
+    ("max_tokens", 1),
+    ("max_completion_tokens", 1),
+    ("n", 1),
+    ("seed", i64::MIN),
+];
+
+/// `response_format.type`'s values.
+const RESPONSE_FORMATS: [&str; 3] = ["text", "json_object", "json_schema"];
+
+/// Sampling and output parameters shared by both operations.
 fn validate_sampling(body: &Map<String, Value>) -> Result<(), ApiError> {
-    number_in(body, "temperature", 0.0, 2.0)?;
-    number_in(body, "top_p", 0.0, 1.0)?;
-    number_in(body, "presence_penalty", -2.0, 2.0)?;
-    number_in(body, "frequency_penalty", -2.0, 2.0)?;
-    integer_at_least(body, "max_tokens", 1)?;
-    integer_at_least(body, "max_completion_tokens", 1)?;
-    integer_at_least(body, "n", 1)?;
-    integer_at_least(body, "seed", i64::MIN)?;
+    for (field, lo, hi) in NUMBER_RANGES {
+        number_in(body, field, lo as f64, hi as f64)?;
+    }
+    for (field, lo) in INTEGER_MINIMUMS {
+        integer_at_least(body, field, lo)?;
+    }
     match body.get("stop") {
         None | Some(Value::Null) | Some(Value::String(_)) => {}
         Some(Value::Array(items)) => {
@@ -269,7 +287,7 @@ fn validate_sampling(body: &Map<String, Value>) -> Result<(), ApiError> {
     match body.get("response_format") {
         None | Some(Value::Null) => {}
         Some(Value::Object(o)) => match o.get("type") {
-            Some(Value::String(t)) if ["text", "json_object", "json_schema"].contains(&t.as_str()) => {}
+            Some(Value::String(t)) if RESPONSE_FORMATS.contains(&t.as_str()) => {}
             Some(Value::String(_)) => {
                 return Err(bad_value(
                     "response_format.type",

@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 
-use super::Operation;
+use super::{INTEGER_MINIMUMS, NUMBER_RANGES, Operation, RESPONSE_FORMATS, ROLES};
 use crate::json::split::Walk;
 
 /// What the fast path read from an accepted body.
@@ -31,14 +31,10 @@ struct Fields<'a> {
     model: Option<&'a str>,
     messages: Option<&'a str>,
     prompt: Option<&'a str>,
-    temperature: Option<&'a str>,
-    top_p: Option<&'a str>,
-    presence_penalty: Option<&'a str>,
-    frequency_penalty: Option<&'a str>,
-    max_tokens: Option<&'a str>,
-    max_completion_tokens: Option<&'a str>,
-    n: Option<&'a str>,
-    seed: Option<&'a str>,
+    /// By [`NUMBER_RANGES`]' order.
+    numbers: [Option<&'a str>; NUMBER_RANGES.len()],
+    /// By [`INTEGER_MINIMUMS`]' order.
+    integers: [Option<&'a str>; INTEGER_MINIMUMS.len()],
     stop: Option<&'a str>,
     user: Option<&'a str>,
     response_format: Option<&'a str>,
@@ -59,18 +55,14 @@ pub(super) fn check(op: Operation, text: &str) -> Option<Accepted> {
             _ => walk.value()?,
         };
         spans.push((span_in(text, name), span_in(text, value)));
+        let number = NUMBER_RANGES.iter().position(|(field, ..)| *field == name);
+        let integer = INTEGER_MINIMUMS.iter().position(|(field, _)| *field == name);
         let slot = match name {
+            _ if number.is_some() => f.numbers.get_mut(number?)?,
+            _ if integer.is_some() => f.integers.get_mut(integer?)?,
             "model" => &mut f.model,
             "messages" => &mut f.messages,
             "prompt" => &mut f.prompt,
-            "temperature" => &mut f.temperature,
-            "top_p" => &mut f.top_p,
-            "presence_penalty" => &mut f.presence_penalty,
-            "frequency_penalty" => &mut f.frequency_penalty,
-            "max_tokens" => &mut f.max_tokens,
-            "max_completion_tokens" => &mut f.max_completion_tokens,
-            "n" => &mut f.n,
-            "seed" => &mut f.seed,
             "stop" => &mut f.stop,
             "user" => &mut f.user,
             "response_format" => &mut f.response_format,
@@ -90,14 +82,12 @@ pub(super) fn check(op: Operation, text: &str) -> Option<Accepted> {
         Operation::Chat => f.messages.map(|_| ())?,
         Operation::Completions => is_string(f.prompt?).then_some(())?,
     }
-    number_in(f.temperature, 0, 2)?;
-    number_in(f.top_p, 0, 1)?;
-    number_in(f.presence_penalty, -2, 2)?;
-    number_in(f.frequency_penalty, -2, 2)?;
-    integer_at_least(f.max_tokens, 1)?;
-    integer_at_least(f.max_completion_tokens, 1)?;
-    integer_at_least(f.n, 1)?;
-    integer_at_least(f.seed, i64::MIN)?;
+    for ((_, lo, hi), raw) in NUMBER_RANGES.iter().zip(f.numbers) {
+        number_in(raw, *lo, *hi)?;
+    }
+    for ((_, lo), raw) in INTEGER_MINIMUMS.iter().zip(f.integers) {
+        integer_at_least(raw, *lo)?;
+    }
     stop(f.stop)?;
     given(f.user).is_none_or(is_string).then_some(())?;
     response_format(f.response_format)?;
@@ -214,7 +204,9 @@ fn response_format(raw: Option<&str>) -> Option<()> {
             kind = Some(value);
         }
     })?;
-    matches!(kind, Some(r#""text""# | r#""json_object""# | r#""json_schema""#)).then_some(())
+    kind.and_then(plain_string)
+        .filter(|kind| RESPONSE_FORMATS.contains(kind))
+        .map(|_| ())
 }
 
 fn tools(raw: Option<&str>) -> Option<()> {
@@ -258,14 +250,6 @@ fn each_element<'a>(raw: &'a str, element: &mut dyn FnMut(&'a str) -> Option<()>
     walk.end()
 }
 
-const ROLES: [&str; 5] = [
-    r#""system""#,
-    r#""developer""#,
-    r#""user""#,
-    r#""assistant""#,
-    r#""tool""#,
-];
-
 /// A message's members the validator looks at (the last of each counts).
 #[derive(Default)]
 struct Message<'a> {
@@ -303,15 +287,15 @@ fn one_message(walk: &mut Walk<'_>) -> Option<()> {
         }
         Some(())
     })?;
-    let role = m.role.filter(|r| ROLES.contains(r))?;
+    let role = m.role.and_then(plain_string).filter(|r| ROLES.contains(r))?;
     let has_tool_calls = m.tool_calls.is_some_and(is_nonempty_array);
     match given(m.content) {
-        None => (role == r#""assistant""# && has_tool_calls).then_some(())?,
+        None => (role == "assistant" && has_tool_calls).then_some(())?,
         // An array's parts were checked as they passed.
         Some(c) if is_string(c) || is_array(c) => {}
         Some(_) => return None,
     }
-    if role == r#""tool""# && !m.tool_call_id.is_some_and(is_string) {
+    if role == "tool" && !m.tool_call_id.is_some_and(is_string) {
         return None;
     }
     given(m.tool_calls).is_none_or(is_array).then_some(())

@@ -74,6 +74,9 @@ pub enum BodyStep {
 /// The filter state `wasm.waygate_key_id`: the client key's id, for Envoy's
 /// rate limit descriptors and access log (README "Limits and stats").
 pub const KEY_ID_PROPERTY: &str = "waygate_key_id";
+/// The filter state `wasm.waygate_total_tokens`: the answer's prompt plus
+/// completion tokens, what a token budget of Envoy's rate limit filter is charged.
+pub const TOTAL_TOKENS_PROPERTY: &str = "waygate_total_tokens";
 
 /// The rewritten request to send upstream, applied in field order.
 #[derive(Debug, Clone)]
@@ -1139,9 +1142,22 @@ impl Exchange {
         list
     }
 
-    /// Usage of the answer, once known.
-    pub fn usage(&self) -> Option<Usage> {
-        self.record.usage
+    /// The filter state that tells Envoy's access log and rate limit filter
+    /// what the answer spent (contract "Observability"), to publish once the
+    /// answer is known (before a stream's end: the rate limit filter charges
+    /// it then). An answer without usage (an error, a refusal) spent no
+    /// tokens: the total reads 0 rather than nothing, which the rate limit
+    /// filter would skip with a warning.
+    pub fn usage_properties(&self) -> Vec<(&'static str, String)> {
+        let Some(usage) = self.record.usage else {
+            return vec![(TOTAL_TOKENS_PROPERTY, "0".into())];
+        };
+        vec![
+            ("waygate_prompt_tokens", usage.prompt_tokens.to_string()),
+            ("waygate_completion_tokens", usage.completion_tokens.to_string()),
+            (TOTAL_TOKENS_PROPERTY, usage.total().to_string()),
+            ("waygate_provider", self.served_by().unwrap_or("-").to_string()),
+        ]
     }
 }
 
@@ -1515,6 +1531,33 @@ mod tests {
         assert_eq!(reply.status, 413);
         assert_eq!(ex.on_request_body_chunk(limit + 2, true), BodyStep::Pass, "answered");
         assert_eq!(ex.stage(), Stage::Untouched);
+    }
+
+    #[test]
+    fn the_answers_spend_is_published_and_an_error_spends_nothing() {
+        let mut ex = forwarded("oa/x", false);
+        ex.on_response_headers(&head(200, "application/json"), via_upstream, false);
+        let answer = json!({"choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3}});
+        assert_eq!(ex.on_buffered_body(answer.to_string().as_bytes()).status, 200);
+        let published = ex.usage_properties();
+        for expected in [
+            ("waygate_prompt_tokens", "7"),
+            ("waygate_completion_tokens", "3"),
+            (TOTAL_TOKENS_PROPERTY, "10"),
+            ("waygate_provider", "oa"),
+        ] {
+            assert!(
+                published.contains(&(expected.0, expected.1.to_string())),
+                "{expected:?} in {published:?}"
+            );
+        }
+
+        let mut ex = forwarded("oa/x", false);
+        ex.on_response_headers(&head(400, "application/json"), via_upstream, false);
+        assert_eq!(ex.on_buffered_body(b"{}").status, 400);
+        assert_eq!(ex.usage_properties(), [(TOTAL_TOKENS_PROPERTY, "0".to_string())]);
     }
 
     #[test]

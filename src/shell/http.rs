@@ -13,10 +13,6 @@ use crate::exchange::{
     BodyStep, Call, CallStep, Exchange, Forward, HeadersAction, MAX_ANSWER_BYTES, Reply, ResponseAction, Rewrite, Stage,
 };
 
-/// Filter state `wasm.waygate_total_tokens`: the answer's prompt plus
-/// completion tokens, what a token budget is charged.
-const TOTAL_TOKENS_PROPERTY: &str = "waygate_total_tokens";
-
 pub struct Stream {
     exchange: Exchange,
     started_ns: u64,
@@ -89,36 +85,16 @@ impl Stream {
         self.reply(&reply)
     }
 
-    /// Publishes the answer's usage as filter state for Envoy's access log
-    /// and its rate limit filter.
+    /// Publishes the answer's usage as filter state, once.
     fn publish_usage(&mut self) {
         if self.usage_published {
             return;
         }
         self.usage_published = true;
-        let Some(usage) = self.exchange.usage() else {
-            // An answer without usage (an error, a refusal) spent no tokens: the rate
-            // limit filter's charge at stream end reads 0 rather than nothing (which it
-            // skips with a warning in Envoy's log).
-            if let Err(status) = host::set_property(TOTAL_TOKENS_PROPERTY, b"0") {
-                log::debug!("waygate: total tokens not published (status {})", status.0);
+        for (name, value) in self.exchange.usage_properties() {
+            if let Err(status) = host::set_property(name, value.as_bytes()) {
+                log::debug!("waygate: filter state {name} not published (status {})", status.0);
             }
-            return;
-        };
-        let provider = self.exchange.served_by().unwrap_or("-").to_string();
-        let published = host::set_property("waygate_prompt_tokens", usage.prompt_tokens.to_string().as_bytes())
-            .and_then(|()| {
-                host::set_property(
-                    "waygate_completion_tokens",
-                    usage.completion_tokens.to_string().as_bytes(),
-                )
-            })
-            // Before the stream completes: Envoy's rate limit filter charges
-            // it then (hits_addend), before on_log.
-            .and_then(|()| host::set_property(TOTAL_TOKENS_PROPERTY, usage.total().to_string().as_bytes()))
-            .and_then(|()| host::set_property("waygate_provider", provider.as_bytes()));
-        if let Err(status) = published {
-            log::debug!("waygate: usage not published as filter state (status {})", status.0);
         }
     }
 

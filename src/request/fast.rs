@@ -55,11 +55,7 @@ pub(super) fn check(op: Operation, text: &str) -> Option<Accepted> {
             _ => walk.value()?,
         };
         spans.push((span_in(text, name), span_in(text, value)));
-        let number = NUMBER_RANGES.iter().position(|(field, ..)| *field == name);
-        let integer = INTEGER_MINIMUMS.iter().position(|(field, _)| *field == name);
         let slot = match name {
-            _ if number.is_some() => f.numbers.get_mut(number?)?,
-            _ if integer.is_some() => f.integers.get_mut(integer?)?,
             "model" => &mut f.model,
             "messages" => &mut f.messages,
             "prompt" => &mut f.prompt,
@@ -69,7 +65,16 @@ pub(super) fn check(op: Operation, text: &str) -> Option<Accepted> {
             "tools" => &mut f.tools,
             "stream" => &mut f.stream,
             "stream_options" => &mut f.stream_options,
-            _ => return Some(()),
+            // The tables' fields last: the members above are the common ones.
+            _ => {
+                if let Some(i) = NUMBER_RANGES.iter().position(|(field, ..)| *field == name) {
+                    f.numbers.get_mut(i)?
+                } else if let Some(i) = INTEGER_MINIMUMS.iter().position(|(field, _)| *field == name) {
+                    f.integers.get_mut(i)?
+                } else {
+                    return Some(());
+                }
+            }
         };
         *slot = Some(value);
         Some(())

@@ -1706,14 +1706,14 @@ mod tests {
     fn with_global_limits_the_filter_counts_nothing_and_names_the_key() {
         let mut store = MemoryStore::default();
         let local = limited_config(Limits::Local);
-        limits::prepare(&mut store, local.keys.iter().map(|k| &**k));
+        limits::prepare(&mut store, &local.keys);
         assert!(send(&mut Exchange::new(Rc::clone(&local)), &mut store).is_ok());
         let refused = send(&mut Exchange::new(local), &mut store).unwrap_err();
         assert_eq!(refused.status, 429);
 
         let global = limited_config(Limits::Global);
         let mut store = MemoryStore::default();
-        limits::prepare(&mut store, global.keys.iter().map(|k| &**k));
+        limits::prepare(&mut store, &global.keys);
         for _ in 0..3 {
             let mut ex = Exchange::new(Rc::clone(&global));
             let forward = send(&mut ex, &mut store).unwrap();

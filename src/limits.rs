@@ -18,6 +18,8 @@
 //! filter, after this one, asks a rate limit service, and [`envoy_refusal`]
 //! gives its refusals the contract's shape.
 
+use std::rc::Rc;
+
 use crate::config::Key;
 use crate::errors::{ApiError, ErrorType, Header};
 
@@ -138,8 +140,8 @@ fn is_limited(key: &Key) -> bool {
 /// `on_configure`, so the only unguarded write happens before this VM
 /// serves; an entry left by an earlier configuration (same `vm_id`) keeps
 /// its counts.
-pub fn prepare<'k>(store: &mut dyn SharedStore, keys: impl IntoIterator<Item = &'k Key>) {
-    for key in keys.into_iter().filter(|k| is_limited(k)) {
+pub fn prepare(store: &mut dyn SharedStore, keys: &[Rc<Key>]) {
+    for key in keys.iter().filter(|k| is_limited(k)) {
         let slot = slot(key);
         if store.get(&slot).is_none() && store.set(&slot, &Stored::default().encode(), 0).is_err() {
             log::warn!("waygate: cannot create the rate-limit entry of key {}", key.id);
@@ -302,14 +304,14 @@ pub(crate) mod tests {
         }
     }
 
-    fn key(rpm: Option<u64>, tpm: Option<u64>) -> Key {
-        Key {
+    fn key(rpm: Option<u64>, tpm: Option<u64>) -> Rc<Key> {
+        Rc::new(Key {
             id: "team".into(),
             sha256: [0; 32],
             models: None,
             requests_per_minute: rpm,
             tokens_per_minute: tpm,
-        }
+        })
     }
 
     #[test]
@@ -404,7 +406,7 @@ pub(crate) mod tests {
         // first write could silently overwrite another worker's count.
         let mut store = MemoryStore::default();
         let k = key(Some(10), Some(1000));
-        prepare(&mut store, [&k]);
+        prepare(&mut store, &[Rc::clone(&k)]);
         let (_, created) = store.get(&slot(&k)).unwrap();
         store.guarded_only = true;
         admit(&mut store, &k, 61).unwrap();
@@ -417,7 +419,7 @@ pub(crate) mod tests {
     fn a_new_minute_reuses_the_one_entry_and_starts_from_zero() {
         let mut store = MemoryStore::default();
         let k = key(Some(2), Some(100));
-        prepare(&mut store, [&k]);
+        prepare(&mut store, &[Rc::clone(&k)]);
         for minute in 0..5u64 {
             let now = 1_700_000_000 + minute * 60;
             assert_eq!(admit(&mut store, &k, now).unwrap().unwrap().used.requests, 1);
@@ -443,9 +445,9 @@ pub(crate) mod tests {
     fn prepare_keeps_the_counts_of_an_earlier_configuration() {
         let mut store = MemoryStore::default();
         let k = key(Some(5), None);
-        prepare(&mut store, [&k]);
+        prepare(&mut store, &[Rc::clone(&k)]);
         admit(&mut store, &k, 30).unwrap();
-        prepare(&mut store, [&k, &key(None, None)]);
+        prepare(&mut store, &[Rc::clone(&k), key(None, None)]);
         assert_eq!(store.values.len(), 1, "an unlimited key gets no entry");
         assert_eq!(admit(&mut store, &k, 30).unwrap().unwrap().used.requests, 2);
     }

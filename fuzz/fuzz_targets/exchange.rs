@@ -546,7 +546,7 @@ fuzz_target!(|input: Input| {
     let cfg = config();
     let mut store = MemoryStore::default();
     // As the shell's on_configure does before the VM serves.
-    waygate::limits::prepare(&mut store, cfg.keys.iter().map(|k| &**k));
+    waygate::limits::prepare(&mut store, &cfg.keys);
     for round in 0..=u64::from(input.repeat % 5) {
         run(&input, &cfg, &mut store, round);
     }

@@ -46,7 +46,7 @@ impl RootContext for Root {
                     );
                 }
                 if config.limits == crate::config::Limits::Local {
-                    crate::limits::prepare(&mut host::SharedData, config.keys.iter().map(|k| &**k));
+                    crate::limits::prepare(&mut host::SharedData, &config.keys);
                 }
                 self.config = Some(Rc::new(config));
                 true

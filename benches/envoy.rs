@@ -44,7 +44,8 @@
 //! Per row and cell: the proxy's CPU per request, the growth of its threads' run time (the
 //! scheduler's exact account, `/proc/<pid>/task/*/schedstat`, in ns) over the cell divided
 //! by its requests; and once per row the proxy's
-//! resident memory (VmRSS) before any load, and again after the run.
+//! resident memory (VmRSS) at rest before any load (3 s in, after the bootstrap's first
+//! memory releases), and again after the run.
 //! Then the filter's own cost (Envoy + waygate − Envoy alone) and issue #29's targets,
 //! each marked met or missed for this run, with the `.wasm` size.
 //!
@@ -325,6 +326,10 @@ fn run() -> Result<(), Error> {
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     // Before any load: what each proxy holds at rest, and a check that every row answers.
+    // At rest means after a few of the bootstrap's memory releases (memory_allocator_manager
+    // gives free heap back every second): a proxy's reading right after it starts holds
+    // the memory V8 used to compile its filter, released in the seconds after.
+    std::thread::sleep(Duration::from_secs(3));
     let idle_rss: Vec<Option<u64>> = rows.iter().map(|r| r.proxy.and_then(rss_kib)).collect();
     let mut events = Vec::new();
     for row in &rows {

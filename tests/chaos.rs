@@ -491,7 +491,6 @@ fn a_client_leaving_a_fallback_stream_releases_the_attempt_and_leaves_no_state()
         .push(json!({"id": "chaos/endless-fallback", "endpoints": [
         {"provider": "fake", "model": "status-503"}, {"provider": "raw", "model": "endless"}]}));
     let c = Chaos::with_config(&config);
-    let rss = |c: &Chaos| c.gw.envoy.memory_kb().0;
     let mut samples = Vec::new();
     for round in 0..40 {
         let before = access_lines(&c);
@@ -509,7 +508,7 @@ fn a_client_leaving_a_fallback_stream_releases_the_attempt_and_leaves_no_state()
             access_lines(&c) > before
         });
         if round % 10 == 9 {
-            samples.push(rss(&c));
+            samples.push(c.gw.envoy.rss_at_rest_kb());
         }
     }
     // The attempts registered for each request went with it: memory flat.

@@ -1,8 +1,8 @@
 //! Memory after the heaviest faults returns to its baseline: the 10 MB
 //! line, the endless stream whose client leaves, and the endless JSON body
 //! cut at the buffer limit, in rounds through Envoy. The first rounds set
-//! the high-water mark (a VM's linear memory never shrinks, and the
-//! allocators keep what they grew); later rounds must not add to Envoy's RSS.
+//! the high-water mark (a VM's linear memory never shrinks); later rounds
+//! must not add to Envoy's RSS at rest.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
@@ -17,8 +17,8 @@ use common::DEV_KEY;
 use raw_upstream::Chaos;
 use serde_json::json;
 
-fn rss_mb(c: &Chaos) -> f64 {
-    c.gw.envoy.memory_kb().0 as f64 / 1024.0
+fn rss_at_rest_mb(c: &Chaos) -> f64 {
+    c.gw.envoy.rss_at_rest_kb() as f64 / 1024.0
 }
 
 /// Sends a request and reads until `enough` of the answer came (or the end),
@@ -67,14 +67,14 @@ fn memory_returns_to_its_baseline_after_the_heaviest_faults() {
             );
         }
     };
-    let before = rss_mb(&c);
+    let before = rss_at_rest_mb(&c);
     round(&c);
     round(&c);
-    let baseline = rss_mb(&c);
+    let baseline = rss_at_rest_mb(&c);
     for _ in 0..4 {
         round(&c);
     }
-    let after = rss_mb(&c);
+    let after = rss_at_rest_mb(&c);
     eprintln!("chaos memory: RSS {before:.1} MB at start, {baseline:.1} MB after 2 rounds, {after:.1} MB after 6");
     assert!(
         after <= baseline + 8.0,

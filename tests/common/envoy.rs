@@ -210,6 +210,15 @@ impl Envoy {
         (field("VmRSS:"), field("VmHWM:"))
     }
 
+    /// Envoy's resident memory at rest, in KiB: the shipped bootstraps give free heap
+    /// back every second (`memory_allocator_manager`), so a reading right after load
+    /// counts memory about to be released and one right after a release does not; this
+    /// one waits for three releases.
+    pub fn rss_at_rest_kb(&self) -> u64 {
+        std::thread::sleep(Duration::from_secs(3));
+        self.memory_kb().0
+    }
+
     /// Whether the process still runs.
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()

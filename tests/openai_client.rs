@@ -11,7 +11,7 @@ use common::{DEV_KEY, Gateway, root};
 /// Runs one of `tests/clients/` with the pinned client against a fresh
 /// gateway; the script asserts what it sees and ends by printing
 /// "all checks passed".
-fn run_client_script(script: &str) {
+fn run_client_script(script: &str, args: &[&str]) {
     let python = root().join("target/pyenv/bin/python");
     assert!(
         python.exists(),
@@ -24,6 +24,7 @@ fn run_client_script(script: &str) {
         .arg(root().join("tests/clients").join(script))
         .arg(&base_url)
         .arg(DEV_KEY)
+        .args(args)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -38,10 +39,18 @@ fn run_client_script(script: &str) {
 
 #[test]
 fn the_official_python_client_works_against_the_gateway() {
-    run_client_script("openai_client.py");
+    run_client_script("openai_client.py", &[]);
 }
 
 #[test]
 fn the_official_python_client_works_against_anthropic_and_gemini_backed_models() {
-    run_client_script("openai_client_providers.py");
+    run_client_script("openai_client_providers.py", &[]);
+}
+
+/// Envoy's listener takes HTTP/2 too (`codec_type: AUTO`): in a mesh the
+/// client's sidecar speaks it. The request body then ends on a data frame
+/// rather than on an empty one, and streams go out as HTTP/2 data frames.
+#[test]
+fn the_official_python_client_works_over_http2() {
+    run_client_script("openai_client.py", &["http2"]);
 }

@@ -1,6 +1,8 @@
 """Drives a running waygate with the official OpenAI Python client.
 
-Usage: python openai_client.py BASE_URL API_KEY
+Usage: python openai_client.py BASE_URL API_KEY [http2]
+With `http2`, the client speaks HTTP/2 without TLS (prior knowledge), as a
+sidecar in a mesh does, and every check runs over it.
 Exits non-zero (with the failing assertion) if the gateway does not behave
 as the OpenAI API would for this client.
 """
@@ -10,10 +12,21 @@ import sys
 import openai
 
 base_url, api_key = sys.argv[1], sys.argv[2]
-client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+http2 = sys.argv[3:] == ["http2"]
+http_version = "HTTP/2" if http2 else "HTTP/1.1"
 
-# Non-streaming chat.
-chat = client.chat.completions.create(model="fake/ok", messages=[{"role": "user", "content": "hi"}])
+
+def new_client(key):
+    http_client = openai.DefaultHttpxClient(http1=not http2, http2=http2)
+    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=http_client)
+
+
+client = new_client(api_key)
+
+# Non-streaming chat, over the protocol asked for.
+raw = client.chat.completions.with_raw_response.create(model="fake/ok", messages=[{"role": "user", "content": "hi"}])
+assert raw.http_response.http_version == http_version, raw.http_response.http_version
+chat = raw.parse()
 assert chat.object == "chat.completion", chat
 assert chat.id.startswith("chatcmpl_"), chat.id
 assert chat.model == "fake/ok", chat.model
@@ -67,7 +80,7 @@ try:
 except openai.BadRequestError as e:
     assert e.code == "invalid_value" and e.param == "temperature", e.body
 try:
-    openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+    new_client("wrong").models.list()
     raise AssertionError("expected AuthenticationError")
 except openai.AuthenticationError as e:
     assert e.code == "invalid_api_key", e.body
@@ -78,4 +91,4 @@ except openai.RateLimitError as e:
     assert e.code == "upstream_rate_limited", e.body
     assert e.response.headers.get("retry-after") == "7"
 
-print("openai client: all checks passed")
+print(f"openai client over {http_version}: all checks passed")

@@ -5,7 +5,11 @@
 
 mod common;
 
-use common::{DEV_KEY, Gateway, NARROW_KEY, Response, send_raw};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{DEV_KEY, Gateway, NARROW_KEY, Response, parse_response, send_raw};
 use serde_json::json;
 
 const CHAT: &str = "/api/v1/chat/completions";
@@ -234,6 +238,73 @@ fn bad_chat_bodies_get_400_with_the_field_named() {
         assert!(r.header("x-waygate-provider").is_none(), "{body}: {v}");
     }
     assert!(gw.fakes.received().is_empty(), "no bad request may reach a provider");
+}
+
+/// A chat request on `stream`, which stays open, and its answer, read to the
+/// end its `content-length` gives.
+fn chat_on(stream: &mut TcpStream, body: &str) -> Response {
+    let request = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: gateway.local\r\nauthorization: Bearer {DEV_KEY}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let (mut raw, mut buf) = (Vec::new(), [0u8; 16384]);
+    loop {
+        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse().unwrap())
+                .expect("an answer with a content-length");
+            if raw.len() >= end + 4 + length {
+                return parse_response(&raw);
+            }
+        }
+        let n = stream.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "closed before the answer's end: {}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Envoy closes an HTTP/1 connection after a local 400 unless the shipped
+/// bootstraps' `override_stream_error_on_invalid_http_message` says the
+/// 400 is not a framing error: a client's invalid request costs it nothing
+/// more than the answer. A broken request still closes it.
+#[test]
+fn an_invalid_request_keeps_its_http1_connection_and_a_broken_one_closes_it() {
+    let gw = Gateway::start();
+    let mut stream = TcpStream::connect(gw.addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let ok = r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}]}"#;
+    let bad_field = r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"temperature":9}"#;
+    for (body, status) in [("not json", 400), (ok, 200), (bad_field, 400), (ok, 200)] {
+        let r = chat_on(&mut stream, body);
+        assert_eq!(r.status, status, "{body}: {}", r.text());
+        assert_ne!(r.header("connection"), Some("close"), "{body}");
+    }
+    assert_eq!(
+        gw.fakes.received().len(),
+        2,
+        "only the valid requests reach the provider"
+    );
+    // A framing error still ends the connection: nothing after it can be trusted.
+    let broken = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: gateway.local\r\nauthorization: Bearer {DEV_KEY}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\nnot-a-size\r\n"
+    );
+    stream.write_all(broken.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let answer = String::from_utf8_lossy(&raw);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert_eq!(gw.fakes.received().len(), 2);
 }
 
 #[test]

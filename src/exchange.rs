@@ -207,7 +207,7 @@ impl Plan {
                     return Some((provider, upstream));
                 }
                 Err(e) => {
-                    log::info!("waygate: provider {} skipped: {}", provider.id, e.message);
+                    log::info!("provider {} skipped: {}", provider.id, e.message);
                     refusal.get_or_insert(e);
                 }
             }
@@ -806,7 +806,7 @@ impl Exchange {
                     let mut why = why.into_bytes();
                     self.redact(&mut why);
                     let why = String::from_utf8_lossy(&why);
-                    log::warn!("waygate: provider {} sent an invalid answer: {why}", provider.id);
+                    log::warn!("provider {} sent an invalid answer: {why}", provider.id);
                     let e = ApiError::new(
                         502,
                         ErrorType::Upstream,
@@ -1282,7 +1282,7 @@ fn new_rewriter(asked: &Asked, provider: &Provider) -> StreamRewriter {
 }
 
 fn internal(what: &str) -> ApiError {
-    log::error!("waygate: internal error: {what}");
+    log::error!("internal error: {what}");
     ApiError::new(
         500,
         ErrorType::Upstream,

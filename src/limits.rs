@@ -144,7 +144,7 @@ pub fn prepare(store: &mut dyn SharedStore, keys: &[Rc<Key>]) {
     for key in keys.iter().filter(|k| is_limited(k)) {
         let slot = slot(key);
         if store.get(&slot).is_none() && store.set(&slot, &Stored::default().encode(), 0).is_err() {
-            log::warn!("waygate: cannot create the rate-limit entry of key {}", key.id);
+            log::warn!("cannot create the rate-limit entry of key {}", key.id);
         }
     }
 }
@@ -229,10 +229,7 @@ pub fn admit(store: &mut dyn SharedStore, key: &Key, now: u64) -> Result<Option<
     }
     // Shared data refused: fail open for this one request rather than
     // refusing traffic because of the store; the log says so.
-    log::warn!(
-        "waygate: rate-limit store unavailable for key {}; request admitted",
-        key.id
-    );
+    log::warn!("rate-limit store unavailable for key {}; request admitted", key.id);
     Ok(None)
 }
 
@@ -253,7 +250,7 @@ pub fn record_tokens(store: &mut dyn SharedStore, key: &Key, now: u64, tokens: u
             Err(StoreError::Other) => break,
         }
     }
-    log::warn!("waygate: could not record {tokens} tokens for key {}", key.id);
+    log::warn!("could not record {tokens} tokens for key {}", key.id);
 }
 
 #[cfg(test)]

@@ -507,7 +507,7 @@ impl StreamRewriter {
         match scrubbed_choices {
             Some(values) => {
                 if serde_json::to_writer(&mut *out, &values).is_err() {
-                    log::error!("waygate: a stream chunk could not be encoded");
+                    log::error!("a stream chunk could not be encoded");
                 }
             }
             None => out.extend_from_slice(choices.as_bytes()),
@@ -540,7 +540,7 @@ impl StreamRewriter {
         if written.is_err() {
             // Writing to a Vec fails only on a map with non-string keys,
             // which a parsed Value cannot hold.
-            log::error!("waygate: a stream chunk could not be encoded");
+            log::error!("a stream chunk could not be encoded");
         }
         out.extend_from_slice(b"}\n\n");
     }
@@ -573,7 +573,7 @@ fn push_json_string(out: &mut Vec<u8>, text: &str) {
         out.extend_from_slice(text.as_bytes());
         out.push(b'"');
     } else if serde_json::to_writer(&mut *out, text).is_err() {
-        log::error!("waygate: a stream chunk could not be encoded");
+        log::error!("a stream chunk could not be encoded");
     }
 }
 
@@ -587,7 +587,7 @@ fn chunk_open(stamp: &Stamp) -> Vec<u8> {
     let head = json!({"id": stamp.id, "object": object, "created": stamp.created, "model": stamp.model});
     let mut bytes = b"data: ".to_vec();
     if serde_json::to_writer(&mut bytes, &head).is_err() {
-        log::error!("waygate: a stream chunk could not be encoded");
+        log::error!("a stream chunk could not be encoded");
     }
     bytes.pop(); // the closing brace: choices and extras follow
     bytes.extend_from_slice(b",\"choices\":");

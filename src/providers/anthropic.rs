@@ -90,7 +90,7 @@ pub fn build_request(
     }
     for field in ["seed", "presence_penalty", "frequency_penalty"] {
         if chat::is_set(body.get(field)) {
-            log::info!("waygate: provider {} cannot express {field}; dropped", provider.id);
+            log::info!("provider {} cannot express {field}; dropped", provider.id);
         }
     }
     let mode = mode(body)?;
@@ -112,10 +112,7 @@ pub fn build_request(
         // OpenAI's range is 0..2, Anthropic's 0..1: the top of the range is
         // the closest it can do.
         if t > 1.0 {
-            log::info!(
-                "waygate: provider {} takes temperature up to 1; {t} sent as 1",
-                provider.id
-            );
+            log::info!("provider {} takes temperature up to 1; {t} sent as 1", provider.id);
         }
         out.insert("temperature".into(), json!(t.min(1.0)));
     }

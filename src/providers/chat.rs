@@ -66,10 +66,7 @@ pub(super) fn check_common(request: &ParsedRequest, provider_id: &str, routing_f
         .filter(|k| !LEGACY_ONLY.contains(k))
         .collect();
     if !dropped.is_empty() {
-        log::info!(
-            "waygate: provider {provider_id} cannot express {}; dropped",
-            dropped.join(", ")
-        );
+        log::info!("provider {provider_id} cannot express {}; dropped", dropped.join(", "));
     }
     Ok(())
 }

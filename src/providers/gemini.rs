@@ -63,7 +63,7 @@ pub fn build_request(
     let body = request.body()?;
     for field in ["user", "parallel_tool_calls"] {
         if chat::is_set(body.get(field)) {
-            log::info!("waygate: provider {} cannot express {field}; dropped", provider.id);
+            log::info!("provider {} cannot express {field}; dropped", provider.id);
         }
     }
     let messages = chat::messages(request)?;

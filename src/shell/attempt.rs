@@ -30,7 +30,7 @@ pub struct Attempt {
 
 impl Attempt {
     fn fail(&mut self, what: &str) -> Action {
-        log::error!("waygate: upstream attempt: {what}");
+        log::error!("upstream attempt: {what}");
         self.routed = None;
         let e = ApiError::new(
             500,
@@ -39,7 +39,7 @@ impl Attempt {
             "The gateway failed to handle this request.",
         );
         if let Err(status) = host::send_local_response(500, &e.headers(), &e.body()) {
-            log::error!("waygate: local reply refused by the host (status {})", status.0);
+            log::error!("local reply refused by the host (status {})", status.0);
         }
         Action::Pause
     }

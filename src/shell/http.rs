@@ -74,7 +74,7 @@ impl Stream {
         // The reply cannot be sent: the stream's headers are gone.
         let _ = self.exchange.fail(&format!("{what} failed (host status {})", status.0));
         if let Err(status) = host::reset_response() {
-            log::error!("waygate: resetting the stream failed (status {})", status.0);
+            log::error!("resetting the stream failed (status {})", status.0);
         }
         Action::Pause
     }
@@ -93,7 +93,7 @@ impl Stream {
         self.usage_published = true;
         for (name, value) in self.exchange.usage_properties() {
             if let Err(status) = host::set_property(name, value.as_bytes()) {
-                log::debug!("waygate: filter state {name} not published (status {})", status.0);
+                log::debug!("filter state {name} not published (status {})", status.0);
             }
         }
     }
@@ -139,10 +139,7 @@ impl Stream {
             let step = match sent {
                 Ok(_token) => return,
                 Err(status) => {
-                    log::warn!(
-                        "waygate: fallback call to cluster {} refused ({status:?})",
-                        call.cluster
-                    );
+                    log::warn!("fallback call to cluster {} refused ({status:?})", call.cluster);
                     self.exchange.on_call_refused()
                 }
             };
@@ -182,7 +179,7 @@ impl Stream {
         match self.held_max {
             Some(held) if rewrite.body.len() > held.max(self.envoy_buffer_floor) => {
                 log::debug!(
-                    "waygate: {}-byte answer sent as a local reply (Envoy's buffer has held {held})",
+                    "{}-byte answer sent as a local reply (Envoy's buffer has held {held})",
                     rewrite.body.len()
                 );
                 self.reply_with(rewrite)
@@ -200,10 +197,7 @@ impl Stream {
             Err(status) => {
                 // Headers not editable (should not happen while held): a
                 // direct local reply replaces the upstream answer instead.
-                log::warn!(
-                    "waygate: response edit refused (status {}), replying directly",
-                    status.0
-                );
+                log::warn!("response edit refused (status {}), replying directly", status.0);
                 self.reply_with(rewrite)
             }
         }
@@ -476,7 +470,7 @@ impl HttpContext for Stream {
         };
         for update in &log.metrics {
             if let Err(status) = host::apply_metric(update) {
-                log::debug!("waygate: stat {} not updated (status {})", update.name, status.0);
+                log::debug!("stat {} not updated (status {})", update.name, status.0);
             }
         }
         host::log_info(&log.line);
@@ -486,7 +480,7 @@ impl HttpContext for Stream {
 /// Sends a local reply; a refusal by the host is logged (nothing else can be done).
 fn send_reply(status: u16, headers: &[(String, String)], body: &[u8]) -> Action {
     if let Err(status) = host::send_local_response(status, headers, body) {
-        log::error!("waygate: local reply refused by the host (status {})", status.0);
+        log::error!("local reply refused by the host (status {})", status.0);
     }
     Action::Pause
 }

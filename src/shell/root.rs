@@ -26,7 +26,7 @@ impl RootContext for Root {
         let raw = match host::buffer(Buffer::PluginConfiguration, 0, size) {
             Ok(raw) => raw,
             Err(status) => {
-                log::error!("waygate: cannot read the plugin configuration (status {})", status.0);
+                log::error!("cannot read the plugin configuration (status {})", status.0);
                 return false;
             }
         };
@@ -40,7 +40,7 @@ impl RootContext for Root {
             Ok(config) => {
                 for p in config.providers.iter().filter(|p| p.credential.is_none()) {
                     log::warn!(
-                        "waygate: provider {} has no credential ({} is unset); it will not be used",
+                        "provider {} has no credential ({} is unset); it will not be used",
                         p.id,
                         p.credential_source
                     );
@@ -53,7 +53,7 @@ impl RootContext for Root {
             }
             Err(problems) => {
                 for problem in problems {
-                    log::error!("waygate: configuration refused: {problem}");
+                    log::error!("configuration refused: {problem}");
                 }
                 false
             }

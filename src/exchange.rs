@@ -332,18 +332,28 @@ impl Exchange {
     ) -> HeadersStep {
         let cfg = Rc::clone(&self.config);
         let header = |name: &str| header_in(pairs, name);
+        let path = header(":path").unwrap_or_default();
+        let path = path.split(|b| *b == b'?').next().unwrap_or_default();
+        let sub = under_base(path, cfg.base_path.as_bytes());
+        // On every path, a client never picks a cluster (contract §3). On the
+        // API, no `x-envoy-*` header of the client's goes on either: Envoy's
+        // router obeys `x-envoy-retry-on`, `x-envoy-max-retries` and the like
+        // from any client its connection manager counts as internal (a mesh's
+        // pods, often), which could make one request several billed provider
+        // calls; the filter sets the ones it needs itself.
         let mut remove: Vec<String> = Vec::new();
         for (name, _) in pairs {
             let Ok(name) = std::str::from_utf8(name.as_ref()) else {
                 continue;
             };
-            if (name.starts_with("x-waygate-") || name == cfg.cluster_header) && !remove.iter().any(|r| r == name) {
+            let reserved = name.starts_with("x-waygate-")
+                || name == cfg.cluster_header
+                || (sub.is_some() && name.starts_with("x-envoy-"));
+            if reserved && !remove.iter().any(|r| r == name) {
                 remove.push(name.to_string());
             }
         }
-        let path = header(":path").unwrap_or_default();
-        let path = path.split(|b| *b == b'?').next().unwrap_or_default();
-        let Some(sub) = under_base(path, cfg.base_path.as_bytes()) else {
+        let Some(sub) = sub else {
             self.state = State::PassThrough;
             return HeadersStep {
                 remove,
@@ -1512,6 +1522,28 @@ mod tests {
         };
         let body = text(&rewrite.body);
         assert!(!body.contains(SECRET) && !body.contains(ANTHROPIC_SECRET), "{body}");
+    }
+
+    #[test]
+    fn reserved_headers_go_on_every_path_and_the_clients_x_envoy_ones_on_the_api() {
+        let extra = [
+            ("x-waygate-cluster", "ghost"),
+            ("x-envoy-max-retries", "3"),
+            ("x-envoy-retry-on", "5xx"),
+            ("x-envoyish", "kept"),
+        ];
+        let step = Exchange::new(config()).on_request_headers(&request_headers(&extra), false);
+        assert_eq!(step.action, HeadersAction::ReadBody);
+        assert_eq!(
+            step.remove,
+            ["x-waygate-cluster", "x-envoy-max-retries", "x-envoy-retry-on"]
+        );
+        // Outside base_path the request is not the filter's: only the cluster is its business.
+        let mut elsewhere = request_headers(&extra);
+        elsewhere[1].1 = b"/elsewhere".to_vec();
+        let step = Exchange::new(config()).on_request_headers(&elsewhere, false);
+        assert_eq!(step.action, HeadersAction::Continue);
+        assert_eq!(step.remove, ["x-waygate-cluster"]);
     }
 
     #[test]

@@ -561,6 +561,42 @@ fn spoofed_cluster_and_waygate_headers_are_stripped_on_every_path() {
     );
 }
 
+/// A connection manager that counts the client as internal (here every
+/// loopback client; in a mesh, often the pods' addresses) lets Envoy's router
+/// obey the client's `x-envoy-*` headers. On the API the filter removes them,
+/// so a client cannot make one request several provider calls, and none of
+/// them reaches the provider.
+#[test]
+fn a_client_cannot_steer_envoys_router_with_x_envoy_headers() {
+    let gw = Gateway::with_edit(&common::test_plugin_config(), |doc| {
+        let manager = &mut doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+        manager["use_remote_address"] = true.into();
+        manager["internal_address_config"] =
+            serde_yaml::from_str("{cidr_ranges: [{address_prefix: 127.0.0.0, prefix_len: 8}]}").unwrap();
+    });
+    let auth = format!("Bearer {DEV_KEY}");
+    let r = gw.send(
+        "POST",
+        CHAT,
+        &[
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+            ("x-envoy-retry-on", "5xx"),
+            ("x-envoy-max-retries", "3"),
+            ("x-envoy-client-note", "spoof"),
+        ],
+        br#"{"model":"fake/status-503","messages":[{"role":"user","content":"x"}]}"#,
+    );
+    r.assert_error(502, "upstream_error", "upstream_error", None);
+    let got = gw.fakes.received();
+    assert_eq!(got.len(), 1, "the client's retries were obeyed");
+    assert!(
+        got[0].headers.iter().all(|(k, _)| k != "x-envoy-client-note"),
+        "{:?}",
+        got[0].headers
+    );
+}
+
 #[test]
 fn non_utf8_client_headers_do_not_crash_the_filter() {
     let gw = Gateway::start();

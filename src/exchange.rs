@@ -117,10 +117,12 @@ pub enum ResponseAction {
 }
 
 /// Result of the response-headers phase: `scrub` applies first (the
-/// upstream headers that echo a credential, with the value to set instead).
+/// upstream headers that echo a credential, with the value to set instead),
+/// then `remove` (upstream headers that would pass for the filter's own).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseStep {
     pub scrub: Vec<Header>,
+    pub remove: Vec<String>,
     pub action: ResponseAction,
 }
 
@@ -640,14 +642,33 @@ impl Exchange {
         self.response_step(pairs, ResponseAction::Buffer)
     }
 
-    /// `action`, with the upstream headers it lets through scrubbed.
+    /// `action`, with the upstream headers it lets through scrubbed, and
+    /// for a limited key without the provider's own `x-ratelimit-*`: they
+    /// describe the operator's account with the provider, and their names
+    /// are the ones the key's limits are told in (contract "Limits"), which
+    /// would mix the two.
     fn response_step<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, pairs: &[(K, V)], action: ResponseAction) -> ResponseStep {
-        let scrub = match action {
-            // A provider may echo its credential in a header, too.
-            ResponseAction::Stream { .. } | ResponseAction::Buffer => self.scrub_headers(pairs),
-            _ => Vec::new(),
-        };
-        ResponseStep { scrub, action }
+        if !matches!(action, ResponseAction::Stream { .. } | ResponseAction::Buffer) {
+            return ResponseStep {
+                scrub: Vec::new(),
+                remove: Vec::new(),
+                action,
+            };
+        }
+        let mut remove: Vec<String> = Vec::new();
+        if self.record.standing.is_some() {
+            for (name, _) in pairs {
+                if let Ok(name) = std::str::from_utf8(name.as_ref())
+                    && name.starts_with("x-ratelimit-")
+                    && !remove.iter().any(|r| r == name)
+                {
+                    remove.push(name.to_string());
+                }
+            }
+        }
+        // A provider may echo its credential in a header, too.
+        let scrub = self.scrub_headers(pairs);
+        ResponseStep { scrub, remove, action }
     }
 
     /// The next fallback call, if a candidate is left.

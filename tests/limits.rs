@@ -19,6 +19,24 @@ fn away_from_a_minute_boundary() {
     }
 }
 
+/// A limited key's answer tells its own limits in OpenAI's `x-ratelimit-*`
+/// names, here those of `kind` (`requests` or `tokens`) only; the fake provider
+/// tells its account's in the same names, as OpenAI does, and none of those
+/// may mix in.
+fn assert_only_the_keys_own_limits(r: &Response, kind: &str) {
+    let names: Vec<&str> = r
+        .headers
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| k.starts_with("x-ratelimit-"))
+        .collect();
+    let own = [
+        format!("x-ratelimit-limit-{kind}"),
+        format!("x-ratelimit-remaining-{kind}"),
+    ];
+    assert_eq!(names, own, "{:?}", r.headers);
+}
+
 #[test]
 fn concurrent_requests_against_a_limit_admit_exactly_that_many() {
     let gw = Gateway::start();
@@ -43,6 +61,9 @@ fn concurrent_requests_against_a_limit_admit_exactly_that_many() {
         .collect();
     remaining.sort();
     assert_eq!(remaining, [0, 1, 2, 3, 4], "each admitted request saw its own count");
+    for r in answers.iter().filter(|r| r.status == 200) {
+        assert_only_the_keys_own_limits(r, "requests");
+    }
     assert_eq!(gw.fakes.received().len(), 5, "refused requests never reach a provider");
 }
 
@@ -54,6 +75,7 @@ fn the_token_limit_trips_after_the_usage_of_earlier_answers() {
     let first = gw.post_as(TOKEN_LIMITED_KEY, long);
     assert_eq!(first.status, 200, "{}", first.text());
     assert_eq!(first.header("x-ratelimit-limit-tokens"), Some("30"));
+    assert_only_the_keys_own_limits(&first, "tokens");
     let second = gw.post_as(TOKEN_LIMITED_KEY, long);
     assert_eq!(second.status, 200, "{}", second.text());
     // 2 × (1 prompt + 20 completion) tokens > 30: the window is spent.
@@ -70,6 +92,7 @@ fn a_stream_counts_its_tokens_too() {
     let stream = r#"{"model":"fake/long-40","messages":[{"role":"user","content":"count"}],"stream":true}"#;
     let r = gw.post_as(TOKEN_LIMITED_KEY, stream);
     assert_eq!(r.status, 200);
+    assert_only_the_keys_own_limits(&r, "tokens");
     assert_eq!(
         r.events().last().unwrap(),
         "[DONE]",

@@ -111,9 +111,17 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>, chat: bool) -> Repl
     } else {
         Reply::json(200, &s.body())
     };
+    // OpenAI tells the account's own limits on every answer (platform.openai.com,
+    // "Rate limits": HTTP headers); the gateway's limited keys tell theirs in the same names.
     let reply = reply
         .header("x-request-id", &request_id())
-        .header("openai-processing-ms", "3");
+        .header("openai-processing-ms", "3")
+        .header("x-ratelimit-limit-requests", "10000")
+        .header("x-ratelimit-remaining-requests", "9999")
+        .header("x-ratelimit-reset-requests", "6ms")
+        .header("x-ratelimit-limit-tokens", "2000000")
+        .header("x-ratelimit-remaining-tokens", "1999980")
+        .header("x-ratelimit-reset-tokens", "0s");
     match directive {
         Directive::Slow(ms) => reply.delayed(ms),
         Directive::Cut(n) => reply.cut(n),

@@ -484,6 +484,10 @@ fn drive_body(
     }
     let step = ex.on_response_headers(&head, || details.map(|d| d.as_bytes().to_vec()), up.headers_only);
     seen.headers(&step.scrub);
+    // Only a provider's x-ratelimit-* go, and only under a limited key's own.
+    for name in &step.remove {
+        assert!(name.starts_with("x-ratelimit-"), "{name}");
+    }
     match step.action {
         ResponseAction::Continue => panic!("a forwarded request's answer is always ours"),
         ResponseAction::Stream { remove, set } => {

@@ -327,6 +327,11 @@ impl HttpContext for Stream {
                 return self.internal_error("scrubbing a response header", status);
             }
         }
+        for name in &step.remove {
+            if let Err(status) = host::remove_header(Map::Response, name) {
+                return self.internal_error("removing a response header", status);
+            }
+        }
         match step.action {
             ResponseAction::Continue => Action::Continue,
             ResponseAction::Stream { remove, set } => {

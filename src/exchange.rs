@@ -343,18 +343,11 @@ impl Exchange {
         // from any client its connection manager counts as internal (a mesh's
         // pods, often), which could make one request several billed provider
         // calls; the filter sets the ones it needs itself.
-        let mut remove: Vec<String> = Vec::new();
-        for (name, _) in pairs {
-            let Ok(name) = std::str::from_utf8(name.as_ref()) else {
-                continue;
-            };
-            let reserved = name.starts_with("x-waygate-")
+        let remove = names_where(pairs, |name, _| {
+            name.starts_with("x-waygate-")
                 || name == cfg.cluster_header
-                || (sub.is_some() && name.starts_with("x-envoy-"));
-            if reserved && !remove.iter().any(|r| r == name) {
-                remove.push(name.to_string());
-            }
-        }
+                || (sub.is_some() && name.starts_with("x-envoy-"))
+        });
         let Some(sub) = sub else {
             self.state = State::PassThrough;
             return HeadersStep {
@@ -655,17 +648,10 @@ impl Exchange {
                 action,
             };
         }
-        let mut remove: Vec<String> = Vec::new();
-        if self.record.standing.is_some() {
-            for (name, _) in pairs {
-                if let Ok(name) = std::str::from_utf8(name.as_ref())
-                    && name.starts_with("x-ratelimit-")
-                    && !remove.iter().any(|r| r == name)
-                {
-                    remove.push(name.to_string());
-                }
-            }
-        }
+        let remove = match self.record.standing {
+            Some(_) => names_where(pairs, |name, _| name.starts_with("x-ratelimit-")),
+            None => Vec::new(),
+        };
         // A provider may echo its credential in a header, too.
         let scrub = self.scrub_headers(pairs);
         ResponseStep { scrub, remove, action }
@@ -1356,12 +1342,20 @@ fn key_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)], authorization: 
         return Vec::new();
     }
     let token = redact::Needle::new(token);
+    names_where(pairs, |name, value| {
+        name != "authorization" && token.find(value, 0).is_some()
+    })
+}
+
+/// The names of the headers in `pairs` that `pick` chooses by name and
+/// value, each once, in order; a name that is not UTF-8 is never chosen.
+fn names_where<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)], pick: impl Fn(&str, &[u8]) -> bool) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     for (name, value) in pairs {
-        let Ok(name) = std::str::from_utf8(name.as_ref()) else {
-            continue;
-        };
-        if name != "authorization" && token.find(value.as_ref(), 0).is_some() && !names.iter().any(|n| n == name) {
+        if let Ok(name) = std::str::from_utf8(name.as_ref())
+            && pick(name, value.as_ref())
+            && !names.iter().any(|n| n == name)
+        {
             names.push(name.to_string());
         }
     }

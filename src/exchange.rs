@@ -1025,6 +1025,15 @@ impl Exchange {
         self.reply_error(&internal(what))
     }
 
+    /// The shell had to reset a live stream (its headers are sent, so no
+    /// answer can replace it): the request is logged as the contract's 500.
+    pub fn cut(&mut self, what: &str) {
+        let e = internal(what);
+        self.state = State::Done;
+        self.record.status = e.status;
+        self.record.error_code = Some(e.code);
+    }
+
     fn reply(&mut self, mut reply: Reply) -> Reply {
         self.state = State::Done;
         self.record.status = reply.status;
@@ -1619,6 +1628,27 @@ mod tests {
         assert_eq!(ex.stage(), Stage::Untouched);
         let step = ex.on_response_headers(&head(500, "application/json"), via_upstream, false);
         assert_eq!(step.action, ResponseAction::Continue);
+        let log = ex
+            .on_log(&mut MemoryStore::default(), 1, metrics::Timing::default(), 2)
+            .unwrap();
+        assert!(log.line.contains("status=500"), "{}", log.line);
+        assert!(
+            log.metrics.iter().any(|u| u.name == "waygate.errors.internal_error"),
+            "{:?}",
+            log.metrics
+        );
+    }
+
+    #[test]
+    fn a_stream_the_shell_cut_is_logged_as_a_500_and_reads_no_more() {
+        let mut ex = forwarded("oa/x", true);
+        let step = ex.on_response_headers(&head(200, "text/event-stream"), via_upstream, false);
+        assert!(matches!(step.action, ResponseAction::Stream { .. }), "{step:?}");
+        ex.cut("replacing a stream chunk failed");
+        assert_eq!(ex.stage(), Stage::Untouched);
+        let mut out = Vec::new();
+        ex.on_stream_body(b"data: {}\n\n", false, &mut out);
+        assert!(out.is_empty(), "a cut stream writes nothing more");
         let log = ex
             .on_log(&mut MemoryStore::default(), 1, metrics::Timing::default(), 2)
             .unwrap();

@@ -71,8 +71,7 @@ impl Stream {
     /// on would send them untranslated and unscrubbed: the stream is reset
     /// (the client's SDK raises a connection error), and logged as a 500.
     fn cut_stream(&mut self, what: &str, status: host::Status) -> Action {
-        // The reply cannot be sent: the stream's headers are gone.
-        let _ = self.exchange.fail(&format!("{what} failed (host status {})", status.0));
+        self.exchange.cut(&format!("{what} failed (host status {})", status.0));
         if let Err(status) = host::reset_response() {
             log::error!("resetting the stream failed (status {})", status.0);
         }

@@ -209,7 +209,7 @@ class CheckConfigsFails(unittest.TestCase):
         self.assert_fails("DestinationRule/openai", "unknown field `subjectAltName`")
 
     def test_istio_route_without_header_removal(self) -> None:
-        self.mutate("envoy/istio/routes.yaml", "headers: { request: { remove: [x-waygate-cluster] } }", "headers: { request: { remove: [] } }")
+        self.mutate("envoy/istio/routes.yaml", "request: { remove: [x-waygate-cluster] }", "request: { remove: [] }")
         self.assert_fails("does not remove `x-waygate-cluster`")
 
     def test_istio_provider_named_by_its_route_not_its_cluster(self) -> None:

@@ -24,6 +24,9 @@ fn a_minimal_chat_request_is_answered_in_openai_shape() {
     // not replaced by a local reply).
     assert_eq!(r.header("openai-processing-ms"), Some("3"), "{:?}", r.headers);
     assert!(r.header("x-envoy-upstream-service-time").is_some(), "{:?}", r.headers);
+    // But not what speaks for the provider's origin (the bootstrap's virtual host drops it).
+    assert_eq!(r.header("alt-svc"), None, "{:?}", r.headers);
+    assert_eq!(r.header("strict-transport-security"), None, "{:?}", r.headers);
     let v = r.json();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["model"], "fake/ok", "the client's model id, exactly");

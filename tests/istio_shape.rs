@@ -91,7 +91,8 @@ fn plugin_config(written: &str, fallback: &str) -> String {
     config["models"] = json!([{"id": "chain/x", "endpoints": [
         {"provider": "openai", "model": "status-503"},
         {"provider": "anthropic", "model": "long-5"},
-        {"provider": "gemini", "model": "ok"}]}]);
+        {"provider": "gemini", "model": "ok"}]},
+        {"id": "openai/ok", "endpoints": [{"provider": "openai", "model": "ok"}]}]);
     config.to_string()
 }
 
@@ -129,6 +130,7 @@ fn istio_bootstrap(objects: &[Yaml], fake_port: u16, router: bool, ecds: &Path) 
         routes.push(json!({"name": name,
             "match": {"prefix": "/", "headers": [{"name": header.as_str().unwrap(), "string_match": {"exact": exact["exact"].as_str().unwrap()}}]},
             "request_headers_to_remove": http["headers"]["request"]["remove"],
+            "response_headers_to_remove": http["headers"]["response"]["remove"],
             "route": {"cluster": format!("outbound|{}||{}", destination["port"]["number"].as_u64().unwrap(), destination["host"].as_str().unwrap()),
                 "timeout": "0s"}}));
     }
@@ -270,9 +272,22 @@ fn falls_back_to_the_next_provider(gw: &Gateway) {
     );
 }
 
+/// The VirtualService's provider routes drop what speaks for the provider's
+/// origin (the fake OpenAI sends it as OpenAI's CDN does). Asked after the
+/// fallback checks, which count what the providers received.
+fn origin_headers_stay_behind(gw: &Gateway) {
+    let r = gw.chat(json!({"model": "openai/ok", "messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("openai-processing-ms"), Some("3"), "{:?}", r.headers);
+    assert_eq!(r.header("alt-svc"), None, "{:?}", r.headers);
+    assert_eq!(r.header("strict-transport-security"), None, "{:?}", r.headers);
+}
+
 #[test]
 fn the_istio_shape_falls_back_by_http_call_to_clusters_named_as_istio_names_them() {
-    falls_back_to_the_next_provider(&istio_gateway(false));
+    let gw = istio_gateway(false);
+    falls_back_to_the_next_provider(&gw);
+    origin_headers_stay_behind(&gw);
 }
 
 #[test]
@@ -287,4 +302,5 @@ fn the_istio_router_fallback_patches_fall_back_through_the_router() {
     let got = gw.fakes.received();
     assert_eq!(got[1].header("x-envoy-attempt-count"), Some("2"));
     assert_eq!(got[3].header("x-envoy-attempt-count"), Some("2"));
+    origin_headers_stay_behind(&gw);
 }

@@ -121,7 +121,13 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>, chat: bool) -> Repl
         .header("x-ratelimit-reset-requests", "6ms")
         .header("x-ratelimit-limit-tokens", "2000000")
         .header("x-ratelimit-remaining-tokens", "1999980")
-        .header("x-ratelimit-reset-tokens", "0s");
+        .header("x-ratelimit-reset-tokens", "0s")
+        // And, from its CDN, its own origin's policies.
+        .header("alt-svc", "h3=\":443\"; ma=86400")
+        .header(
+            "strict-transport-security",
+            "max-age=31536000; includeSubDomains; preload",
+        );
     match directive {
         Directive::Slow(ms) => reply.delayed(ms),
         Directive::Cut(n) => reply.cut(n),

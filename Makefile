@@ -22,7 +22,7 @@ export WAYGATE_ENVOY := $(CURDIR)/$(ENVOY)
 ROUTER_FALLBACK_VERSIONS := 1.40.0
 ROUTER_FALLBACK := $(filter $(WAYGATE_ENVOY_VERSION),$(ROUTER_FALLBACK_VERSIONS))
 
-.PHONY: all toolchain build wasm wasm-opt redis fakes envoy run test test-integration lint check-configs bench clean fuzz soak
+.PHONY: all toolchain build wasm wasm-opt redis fakes envoy run test test-integration trapping-filter lint check-configs bench clean fuzz soak
 
 all: build
 
@@ -100,12 +100,17 @@ $(PYENV)/.installed: tests/clients/requirements.txt
 # envoy/local-router.yaml (WAYGATE_TEST_FALLBACK=router, README "Routing and fallback").
 # Every run selects the whole workspace: cargo resolves features per selection, so a `-p`
 # run would rebuild the shared dependencies (a minute or more each time).
-test: build envoy redis $(PYENV)/.installed
+test: build trapping-filter envoy redis $(PYENV)/.installed
 	$(CARGO) test --release --workspace
 	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release --workspace --test '*')
 
+# The module that stands in for waygate in the test of the bootstraps' failure policy
+# (tests/chaos.rs): it traps on demand, which waygate never does. Its own workspace.
+trapping-filter: toolchain
+	$(CARGO) build -q --manifest-path tests/trapping_filter/Cargo.toml --target wasm32-wasip1 --release --target-dir target/trapping
+
 # Only the integration tests, through WAYGATE_ENVOY_VERSION (CI runs them on each version).
-test-integration: build envoy redis $(PYENV)/.installed
+test-integration: build trapping-filter envoy redis $(PYENV)/.installed
 	$(CARGO) test --release --workspace --test '*'
 	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release --workspace --test '*')
 

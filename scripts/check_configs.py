@@ -13,7 +13,7 @@
   around it: one header-matched route per provider cluster that drops the header, no generic
   `cluster_header` route, a JSON 404 under `base_path`, the listener buffer at least
   `max_request_bytes`, every `api_key_env` exported to the VM, `allow_on_headers_stop_iteration`
-  and `failure_policy: FAIL_CLOSED`.
+  and `failure_policy: FAIL_RELOAD`.
 - Kubernetes manifests (`envoy/istio/*.yaml`): each object has apiVersion, kind,
   metadata.name, and the spec fields Istio needs, with unknown keys refused where we know the
   schema.
@@ -610,8 +610,8 @@ def check_wasm_plugin(plugin: dict, where: str, around: Surroundings, problems: 
     """The wasm `PluginConfig` (as a dict, already parsed by protobuf) and its configuration."""
     if plugin.get("allow_on_headers_stop_iteration") is not True:
         problems.add(where, "allow_on_headers_stop_iteration must be true (Envoy >= 1.35)")
-    if plugin.get("failure_policy") != "FAIL_CLOSED":
-        problems.add(where, "failure_policy must be FAIL_CLOSED")
+    if plugin.get("failure_policy") != "FAIL_RELOAD":
+        problems.add(where, "failure_policy must be FAIL_RELOAD (a trap fails its request closed, then the VM is reloaded)")
     configuration = plugin.get("configuration")
     if not isinstance(configuration, dict) or configuration.get("@type") != TYPE_PREFIX + STRING_VALUE:
         problems.add(f"{where}.configuration", f"must be a {STRING_VALUE} holding the JSON of contract section 8")
@@ -1200,8 +1200,8 @@ def _istio_router_fallback(patches: list, by_kind: dict, problems: Problems) -> 
     for name, plugin in found.upstream_roles.items():
         if name not in referred:
             problems.add(f"extension config `{name}`", "no CLUSTER patch runs this upstream role")
-        if plugin.get("failure_policy") != "FAIL_CLOSED" or plugin.get("allow_on_headers_stop_iteration") is not True:
-            problems.add(f"extension config `{name}`", "the upstream role needs failure_policy FAIL_CLOSED and allow_on_headers_stop_iteration")
+        if plugin.get("failure_policy") != "FAIL_RELOAD" or plugin.get("allow_on_headers_stop_iteration") is not True:
+            problems.add(f"extension config `{name}`", "the upstream role needs failure_policy FAIL_RELOAD and allow_on_headers_stop_iteration")
     for _, dr in by_kind.get("DestinationRule", []):
         for port in dr["spec"].get("trafficPolicy", {}).get("portLevelSettings", []):
             retries = port.get("connectionPool", {}).get("http", {}).get("maxRetries")

@@ -172,8 +172,12 @@ class CheckConfigsFails(unittest.TestCase):
         self.assert_fails("provider `fake`", "streams need `0s`")
 
     def test_fail_open(self) -> None:
-        self.mutate("envoy/envoy.yaml", "failure_policy: FAIL_CLOSED", "failure_policy: FAIL_OPEN")
-        self.assert_fails("failure_policy must be FAIL_CLOSED")
+        self.mutate("envoy/envoy.yaml", "failure_policy: FAIL_RELOAD", "failure_policy: FAIL_OPEN")
+        self.assert_fails("failure_policy must be FAIL_RELOAD")
+
+    def test_a_trap_that_would_refuse_every_request_after_it(self) -> None:
+        self.mutate("envoy/istio/router-fallback.yaml", "failure_policy: FAIL_RELOAD", "failure_policy: FAIL_CLOSED")
+        self.assert_fails("the upstream role needs failure_policy FAIL_RELOAD")
 
     def test_key_env_not_passed_to_the_vm(self) -> None:
         self.mutate("envoy/envoy.yaml", "host_env_keys: [OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY]", "host_env_keys: [OPENAI_API_KEY, ANTHROPIC_API_KEY]")

@@ -7,6 +7,8 @@
 //! Each case ends with a clean answer (the contract's envelope, or a stream
 //! ending in `[DONE]` or one error event) or a clean close, and then the VMs
 //! are shown healthy: requests succeed and Envoy logged no panic or trap.
+//! Last, a trap itself, with a module that traps in waygate's place: the
+//! shipped failure policy gives the worker a new VM.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
@@ -17,7 +19,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{DEV_KEY, Response};
+use common::{DEV_KEY, Gateway, Response};
 use raw_upstream::Chaos;
 use serde_json::{Value, json};
 
@@ -716,4 +718,55 @@ fn an_answer_over_envoys_buffer_limit_but_under_the_filters_arrives_whole() {
     assert!(content.bytes().all(|b| b == b'y'));
     assert_eq!(body["usage"]["total_tokens"], 5);
     c.assert_healthy();
+}
+
+// ---- the filter's own failure ----------------------------------------------------------
+
+/// A trap kills the worker's VM. waygate has no trap to show (it never panics), so
+/// `tests/trapping_filter`, which traps on a request carrying `x-trap` and otherwise
+/// answers `alive <n>` with a count it keeps in shared data (where waygate keeps its local
+/// limits), stands in for it in the shipped bootstrap (both roles, in router fallback).
+/// The request that trapped fails closed; the shipped `failure_policy: FAIL_RELOAD` then
+/// gives the worker a new VM, so the same connection (the same worker) is served again
+/// after Envoy's reload backoff, and the count goes on where it was. Under `FAIL_CLOSED`
+/// that worker would answer 503 to every request until Envoy restarted.
+#[test]
+fn a_worker_whose_vm_trapped_serves_again_with_its_shared_data() {
+    let trapping = common::root().join("target/trapping/wasm32-wasip1/release/waygate_trapping_filter.wasm");
+    assert!(trapping.exists(), "{} is missing: run `make test`", trapping.display());
+    let gw = Gateway::with_edit(&common::test_plugin_config(), |doc| {
+        let shipped = serde_yaml::to_string(doc).unwrap();
+        let modules = common::wasm_path().to_string_lossy().into_owned();
+        assert!(shipped.contains(&modules));
+        *doc = serde_yaml::from_str(&shipped.replace(&modules, &trapping.to_string_lossy())).unwrap();
+    });
+    let mut stream = TcpStream::connect(gw.addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let ask = |stream: &mut TcpStream, extra: &str| {
+        let request = format!("GET /api/v1/models HTTP/1.1\r\nhost: gateway.local\r\n{extra}\r\n");
+        common::answer_on(stream, request.as_bytes())
+    };
+    for n in 1..=2 {
+        let alive = ask(&mut stream, "");
+        assert_eq!((alive.status, alive.text()), (200, format!("alive {n}")));
+    }
+    assert_eq!(
+        ask(&mut stream, "x-trap: 1\r\n").status,
+        503,
+        "the request that trapped fails closed"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let served = loop {
+        let r = ask(&mut stream, "");
+        if r.status == 200 || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        (served.status, served.text()),
+        (200, "alive 3".to_string()),
+        "a new VM, and the shared data as it was"
+    );
+    assert!(gw.logs().contains("trapping as asked"), "the trap was logged");
 }

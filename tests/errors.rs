@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{DEV_KEY, Gateway, NARROW_KEY, Response, parse_response, send_raw};
+use common::{DEV_KEY, Gateway, NARROW_KEY, Response, send_raw};
 use serde_json::json;
 
 const CHAT: &str = "/api/v1/chat/completions";
@@ -248,28 +248,7 @@ fn chat_on(stream: &mut TcpStream, body: &str) -> Response {
          content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(request.as_bytes()).unwrap();
-    let (mut raw, mut buf) = (Vec::new(), [0u8; 16384]);
-    loop {
-        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-            let length: usize = head
-                .lines()
-                .find_map(|line| line.strip_prefix("content-length:"))
-                .map(|v| v.trim().parse().unwrap())
-                .expect("an answer with a content-length");
-            if raw.len() >= end + 4 + length {
-                return parse_response(&raw);
-            }
-        }
-        let n = stream.read(&mut buf).unwrap();
-        assert!(
-            n > 0,
-            "closed before the answer's end: {}",
-            String::from_utf8_lossy(&raw)
-        );
-        raw.extend_from_slice(&buf[..n]);
-    }
+    common::answer_on(stream, request.as_bytes())
 }
 
 /// Envoy closes an HTTP/1 connection after a local 400 unless the shipped

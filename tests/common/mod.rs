@@ -417,6 +417,33 @@ pub fn send_raw(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &[
     send_timed(addr, method, path, headers, body).response
 }
 
+/// Writes `request` (a whole HTTP/1.1 request) on a kept-alive connection and reads one
+/// answer with a `content-length`, leaving the connection open for the next.
+pub fn answer_on(stream: &mut TcpStream, request: &[u8]) -> Response {
+    stream.write_all(request).unwrap();
+    let (mut raw, mut buf) = (Vec::new(), [0u8; 16384]);
+    loop {
+        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse().unwrap())
+                .expect("an answer with a content-length");
+            if raw.len() >= end + 4 + length {
+                return parse_response(&raw);
+            }
+        }
+        let n = stream.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "closed before the answer's end: {}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// An answer and when it came: its first SSE event (`data: `), if any, and its end.
 pub struct Timed {
     pub first_event: Option<Duration>,

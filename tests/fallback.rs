@@ -354,3 +354,49 @@ fn with_router_retries_a_fallback_stream_reaches_the_client_as_it_is_generated()
         );
     }
 }
+
+/// Envoy's circuit breakers bound a provider cluster's connections, pending and active
+/// requests (1,024 each by default, and an HTTP/1 stream holds its connection for its
+/// whole length). Past them Envoy refuses a request at once; here `max_requests: 0` puts
+/// the `fake` cluster past them for every request. The filter counts the refusal as the
+/// attempt `<provider>:error`. With http-call fallback it then falls back; Envoy's router
+/// never retries a refusal of its own circuit breakers, so with router fallback the
+/// client gets the contract's 502 whatever the chain (README "Load into your Envoy").
+#[test]
+fn a_provider_cluster_past_its_circuit_breakers_falls_back_or_gets_502() {
+    let mut config = chain_config(&[("fake", "ok"), ("spare", "ok")]);
+    config["providers"].as_array_mut().unwrap().push(json!({
+        "id": "spare", "api": "openai", "cluster": "spare", "authority": "fake.local",
+        "path_prefix": "/v1", "api_key": "fake-openai-key"
+    }));
+    let gw = Gateway::with_edit(&config, |doc| {
+        let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
+        let fake = clusters.iter_mut().find(|c| c["name"] == "fake").unwrap();
+        let address = &fake["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"];
+        let port = u16::try_from(address["socket_address"]["port_value"].as_u64().unwrap()).unwrap();
+        fake["circuit_breakers"] =
+            serde_yaml::from_str("{thresholds: [{max_requests: 0, max_retries: 1000}]}").unwrap();
+        common::add_cluster_like_fake(doc, "spare", port);
+        let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
+        let spare = clusters.iter_mut().find(|c| c["name"] == "spare").unwrap();
+        spare["circuit_breakers"] = serde_yaml::from_str("{thresholds: [{max_retries: 1000}]}").unwrap();
+    });
+    let alone = gw.chat(common::ask("fake/ok"));
+    alone.assert_error(502, "upstream_error", "upstream_error", None);
+    assert_eq!(alone.header("x-waygate-attempts"), Some("fake:error"));
+    let streamed = json!({"model": "chain/x", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    if common::router_fallback() {
+        for r in [ask(&gw, None), gw.chat(streamed)] {
+            r.assert_error(502, "upstream_error", "upstream_error", None);
+            assert_eq!(r.header("x-waygate-attempts"), Some("fake:error"));
+        }
+        assert!(gw.fakes.received().is_empty(), "no provider was reached");
+        return;
+    }
+    served(&ask(&gw, None), "spare", "fake:error,spare:200");
+    let stream = gw.chat(streamed);
+    assert_eq!(stream.status, 200, "{}", stream.text());
+    assert_eq!(stream.header("x-waygate-attempts"), Some("fake:error,spare:200"));
+    assert_eq!(stream.events().last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(gw.fakes.received().len(), 2, "only the spare provider was reached");
+}

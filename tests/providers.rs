@@ -300,3 +300,45 @@ fn legacy_completions_go_through_chat_both_ways() {
         assert_eq!(sent[member], expected, "{}", api.provider);
     }
 }
+
+/// A provider cluster Envoy speaks HTTP/2 to (`http2_protocol_options`: one connection
+/// carries many streams, as operators set it for providers that offer it): every API's
+/// answer, stream, error and a streamed fallback come through as over HTTP/1.1.
+#[test]
+fn every_api_works_over_an_http2_provider_cluster() {
+    let config = common::chain_config(&[("fake", "status-503"), ("fakeanthropic", "long-6")]);
+    let gw = Gateway::with_edit(&config, |doc| {
+        let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
+        let fake = clusters.iter_mut().find(|c| c["name"] == "fake").unwrap();
+        // Router fallback's cluster has these options already (the upstream role): only
+        // the protocol changes. http-call fallback's has none.
+        let name = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+        let options = &mut fake["typed_extension_protocol_options"][name];
+        options["@type"] = format!("type.googleapis.com/{name}").into();
+        options["explicit_http_config"] = serde_yaml::from_str("{http2_protocol_options: {}}").unwrap();
+    });
+    for api in &APIS {
+        let r = gw.chat(api.ask("ok"));
+        assert_eq!(r.status, 200, "{}: {}", api.provider, r.text());
+        assert_eq!(r.json()["choices"][0]["message"]["content"], api.hello);
+        let (chunks, done) = stream_chunks(&gw.chat(api.stream("long-6")), &api.model("long-6"));
+        assert!(done, "{}", api.provider);
+        assert_eq!(text_of(&chunks, 0), "word1 word2 word3 word4 word5 word6");
+        let refused = gw.chat(api.ask("status-400"));
+        let e = refused.assert_error(400, "invalid_request_error", api.refusal.0, None);
+        assert_eq!(e["error"]["message"], api.refusal.1);
+    }
+    let mut body = ask("chain/x");
+    body["stream"] = json!(true);
+    let r = gw.chat(body);
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:503,fakeanthropic:200"));
+    let (chunks, done) = stream_chunks(&r, "chain/x");
+    assert!(done);
+    assert_eq!(text_of(&chunks, 0), "word1 word2 word3 word4 word5 word6");
+    let received = gw.fakes.received();
+    assert_eq!(received.len(), 3 * APIS.len() + 2);
+    assert!(
+        received.iter().all(|r| r.version == "HTTP/2.0"),
+        "every request went over HTTP/2"
+    );
+}

@@ -30,10 +30,10 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -58,6 +58,8 @@ pub struct RecordedRequest {
     /// Lowercase names, values as lossy UTF-8, in arrival order.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// `HTTP/1.1` or `HTTP/2.0`.
+    pub version: String,
 }
 
 impl RecordedRequest {
@@ -205,7 +207,8 @@ async fn serve(listener: TcpListener, received: Recorder, shutdown: impl Future<
         let received = received.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(received.clone(), req));
-            let _ = http1::Builder::new()
+            // HTTP/1.1, or HTTP/2 with prior knowledge (a provider cluster Envoy speaks h2 to).
+            let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
@@ -236,6 +239,7 @@ async fn handle(received: Recorder, req: Request<Incoming>) -> Result<Response<F
             })
             .collect(),
         body,
+        version: format!("{:?}", parts.version),
     };
     if let Some(received) = &received {
         lock(received).push(request.clone());

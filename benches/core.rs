@@ -3,6 +3,8 @@
 //! - `exchange/*`: one whole non-streaming ~1 KB chat request through
 //!   [`Exchange`]: request headers → body → response headers → buffered
 //!   body → access log, for an OpenAI-compatible and an Anthropic provider.
+//! - `keys/*`: a configuration with 20,000 client keys: parsing it (each
+//!   worker's VM does, at start) and finding one request's key.
 //! - `stream/*`: SSE translation with [`StreamRewriter`] on recorded provider
 //!   streams (`tests/fixtures/*/*.sse`) fed one event per chunk, as a
 //!   provider writes them; throughput is provider input bytes.
@@ -20,7 +22,9 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use waygate::answer::Stamp;
+use waygate::auth;
 use waygate::config::{Api, Config};
 use waygate::exchange::{Exchange, HeadersAction, ResponseAction};
 use waygate::limits::{SharedStore, StoreError};
@@ -129,6 +133,36 @@ fn bench_exchange(c: &mut Criterion) {
     group.finish();
 }
 
+/// A multi-tenant gateway's key list: the bench configuration with 20,000 keys more.
+fn bench_keys(c: &mut Criterion) {
+    const KEYS: usize = 20_000;
+    let mut plugin: Value = serde_json::from_slice(&read("benches/data/plugin.json")).unwrap();
+    let keys = plugin["keys"].as_array_mut().unwrap();
+    for i in 0..KEYS {
+        let digest: String = Sha256::digest(format!("tenant-key-{i}"))
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        keys.push(serde_json::json!({"id": format!("tenant-{i}"), "sha256": digest}));
+    }
+    let json = serde_json::to_vec(&plugin).unwrap();
+    let config = Config::parse(&json, &|_| None).unwrap();
+    let token = format!("tenant-key-{}", KEYS / 3);
+    assert_eq!(
+        auth::authenticate(&config.keys, token.as_bytes()).unwrap().id,
+        format!("tenant-{}", KEYS / 3)
+    );
+    let mut group = c.benchmark_group("keys");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("parse_20k_keys", |b| {
+        b.iter(|| Config::parse(black_box(&json), &|_| None))
+    });
+    group.bench_function("authenticate_among_20k_keys", |b| {
+        b.iter(|| auth::authenticate(&config.keys, black_box(token.as_bytes())).is_ok())
+    });
+    group.finish();
+}
+
 /// A recorded stream split into the events a provider writes, one per chunk.
 fn events(path: &str) -> (Vec<Vec<u8>>, usize) {
     let raw = read(path);
@@ -200,6 +234,6 @@ fn short() -> Criterion {
 criterion_group! {
     name = core;
     config = short();
-    targets = bench_exchange, bench_stream
+    targets = bench_exchange, bench_keys, bench_stream
 }
 criterion_main!(core);

@@ -66,7 +66,7 @@ pub struct Config {
     pub max_provider_tries: u32,
     pub fallback: Fallback,
     pub limits: Limits,
-    pub keys: Vec<Rc<Key>>,
+    pub keys: Keys,
     /// Shared with every candidate, attempt and answer that names one: a
     /// provider is held, never looked up again.
     pub providers: Vec<Rc<Provider>>,
@@ -82,6 +82,38 @@ pub struct Key {
     pub models: Option<Vec<Glob>>,
     pub requests_per_minute: Option<u64>,
     pub tokens_per_minute: Option<u64>,
+}
+
+/// The client keys, sorted by digest: a request's key is found by binary
+/// search, so ten thousand keys cost a request what ten do (contract §3).
+#[derive(Debug, Clone, Default)]
+pub struct Keys(Vec<Rc<Key>>);
+
+impl Keys {
+    pub fn new(keys: Vec<Rc<Key>>) -> Keys {
+        let mut order: Vec<(&[u8], usize)> = keys.iter().enumerate().map(|(i, k)| (&k.sha256[..], i)).collect();
+        order.sort_unstable();
+        Keys(order.iter().filter_map(|(_, i)| keys.get(*i).cloned()).collect())
+    }
+
+    /// The key whose SHA-256 digest is `digest`.
+    pub fn find(&self, digest: &[u8; 32]) -> Option<&Rc<Key>> {
+        let at = self.0.binary_search_by(|k| k.sha256.cmp(digest)).ok()?;
+        self.0.get(at)
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Rc<Key>> {
+        self.0.iter()
+    }
+}
+
+impl<'k> IntoIterator for &'k Keys {
+    type Item = &'k Rc<Key>;
+    type IntoIter = std::slice::Iter<'k, Rc<Key>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
 }
 
 /// An upstream provider.
@@ -379,15 +411,12 @@ fn validate_models(raw: Vec<RawModel>, providers: &[Rc<Provider>], problems: &mu
     models
 }
 
-fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Vec<Rc<Key>> {
+fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Keys {
     let mut keys: Vec<Rc<Key>> = Vec::with_capacity(raw.len());
     for (i, k) in raw.into_iter().enumerate() {
         let at = format!("keys[{i}] ({:?})", k.id);
         if k.id.is_empty() {
             problems.push(format!("{at}: id must not be empty"));
-        }
-        if keys.iter().any(|q| q.id == k.id) {
-            problems.push(format!("{at}: duplicate key id"));
         }
         let sha256 = match parse_digest(&k.sha256) {
             Some(d) => d,
@@ -396,9 +425,6 @@ fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Vec<Rc<Key>> {
                 [0; 32]
             }
         };
-        if keys.iter().any(|q| q.sha256 == sha256) && sha256 != [0; 32] {
-            problems.push(format!("{at}: duplicate sha256"));
-        }
         for (name, v) in [
             ("requests_per_minute", k.requests_per_minute),
             ("tokens_per_minute", k.tokens_per_minute),
@@ -415,7 +441,36 @@ fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Vec<Rc<Key>> {
             tokens_per_minute: k.tokens_per_minute,
         }));
     }
-    keys
+    // Sorted, not compared pairwise: a configuration may hold tens of
+    // thousands of keys, and every worker's VM validates it.
+    let ids = keys.iter().enumerate().map(|(i, k)| (k.id.as_bytes(), i)).collect();
+    let digests = keys.iter().enumerate().filter(|(_, k)| k.sha256 != [0; 32]);
+    for (what, repeated) in [
+        ("duplicate key id", repeats(ids)),
+        (
+            "duplicate sha256",
+            repeats(digests.map(|(i, k)| (&k.sha256[..], i)).collect()),
+        ),
+    ] {
+        for key in repeated.iter().filter_map(|i| keys.get(*i).map(|k| (i, k))) {
+            problems.push(format!("keys[{}] ({:?}): {what}", key.0, key.1.id));
+        }
+    }
+    Keys::new(keys)
+}
+
+/// The positions of the items equal to an item before them. One sort of one
+/// element type serves every caller (each instance of a sort is kilobytes of
+/// wasm).
+fn repeats(mut items: Vec<(&[u8], usize)>) -> Vec<usize> {
+    items.sort_unstable();
+    let pairs = items.windows(2);
+    pairs
+        .filter_map(|pair| match pair {
+            [(first, _), (item, i)] if first == item => Some(*i),
+            _ => None,
+        })
+        .collect()
 }
 
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
@@ -477,7 +532,7 @@ mod tests {
         assert_eq!(c.providers[1].credential, None, "unset env var: provider unavailable");
         assert_eq!(c.providers[2].path_prefix, "/v1beta");
         assert_eq!(c.models[0].endpoints[1].provider.id, "together");
-        assert_eq!(c.keys[0].sha256[0], 0x9f);
+        assert_eq!(c.keys.iter().next().unwrap().sha256[0], 0x9f);
         assert_eq!(c.max_provider_tries, 3);
     }
 
@@ -540,6 +595,32 @@ mod tests {
             assert!(all.contains(needle), "missing {needle:?} in {all}");
         }
         assert_eq!(err.len(), 6, "{all}");
+    }
+
+    #[test]
+    fn a_repeated_key_id_or_digest_is_named_at_its_repetition() {
+        let digest = |c: char| c.to_string().repeat(64);
+        let json = format!(
+            r#"{{"keys":[{{"id":"a","sha256":"{}"}},{{"id":"b","sha256":"{}"}},
+                {{"id":"a","sha256":"{}"}},{{"id":"c","sha256":"{}"}},{{"id":"a","sha256":"{}"}}]}}"#,
+            digest('1'),
+            digest('2'),
+            digest('3'),
+            digest('1'),
+            digest('4')
+        );
+        let mut err = Config::parse(json.as_bytes(), &no_env).unwrap_err();
+        err.sort();
+        assert_eq!(
+            err,
+            [
+                r#"keys[2] ("a"): duplicate key id"#,
+                r#"keys[3] ("c"): duplicate sha256"#,
+                r#"keys[4] ("a"): duplicate key id"#,
+            ]
+        );
+        let keys: Vec<Rc<Key>> = Vec::new();
+        assert!(Keys::new(keys).find(&[1; 32]).is_none(), "no keys: nothing is found");
     }
 
     #[test]

@@ -1402,6 +1402,7 @@ fn printable(raw: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Keys;
     use crate::limits::tests::MemoryStore;
     use sha2::{Digest, Sha256};
 
@@ -1761,9 +1762,12 @@ mod tests {
     fn limited_config(limits: Limits) -> Rc<Config> {
         let mut config = (*config()).clone();
         config.limits = limits;
-        for key in &mut config.keys {
-            Rc::make_mut(key).requests_per_minute = Some(1);
-        }
+        let limited = config.keys.iter().map(|key| {
+            let mut key = (**key).clone();
+            key.requests_per_minute = Some(1);
+            Rc::new(key)
+        });
+        config.keys = Keys::new(limited.collect());
         Rc::new(config)
     }
 

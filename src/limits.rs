@@ -18,9 +18,7 @@
 //! filter, after this one, asks a rate limit service, and [`envoy_refusal`]
 //! gives its refusals the contract's shape.
 
-use std::rc::Rc;
-
-use crate::config::Key;
+use crate::config::{Key, Keys};
 use crate::errors::{ApiError, ErrorType, Header};
 
 /// Shared data as proxy-wasm offers it.
@@ -140,7 +138,7 @@ fn is_limited(key: &Key) -> bool {
 /// `on_configure`, so the only unguarded write happens before this VM
 /// serves; an entry left by an earlier configuration (same `vm_id`) keeps
 /// its counts.
-pub fn prepare(store: &mut dyn SharedStore, keys: &[Rc<Key>]) {
+pub fn prepare(store: &mut dyn SharedStore, keys: &Keys) {
     for key in keys.iter().filter(|k| is_limited(k)) {
         let slot = slot(key);
         if store.get(&slot).is_none() && store.set(&slot, &Stored::default().encode(), 0).is_err() {
@@ -257,6 +255,7 @@ pub fn record_tokens(store: &mut dyn SharedStore, key: &Key, now: u64, tokens: u
 pub(crate) mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::rc::Rc;
 
     /// An in-memory store with Envoy's CAS rules (absent key: any cas wins;
     /// every write gets a fresh non-zero cas).
@@ -403,7 +402,7 @@ pub(crate) mod tests {
         // first write could silently overwrite another worker's count.
         let mut store = MemoryStore::default();
         let k = key(Some(10), Some(1000));
-        prepare(&mut store, &[Rc::clone(&k)]);
+        prepare(&mut store, &Keys::new(vec![Rc::clone(&k)]));
         let (_, created) = store.get(&slot(&k)).unwrap();
         store.guarded_only = true;
         admit(&mut store, &k, 61).unwrap();
@@ -416,7 +415,7 @@ pub(crate) mod tests {
     fn a_new_minute_reuses_the_one_entry_and_starts_from_zero() {
         let mut store = MemoryStore::default();
         let k = key(Some(2), Some(100));
-        prepare(&mut store, &[Rc::clone(&k)]);
+        prepare(&mut store, &Keys::new(vec![Rc::clone(&k)]));
         for minute in 0..5u64 {
             let now = 1_700_000_000 + minute * 60;
             assert_eq!(admit(&mut store, &k, now).unwrap().unwrap().used.requests, 1);
@@ -442,9 +441,9 @@ pub(crate) mod tests {
     fn prepare_keeps_the_counts_of_an_earlier_configuration() {
         let mut store = MemoryStore::default();
         let k = key(Some(5), None);
-        prepare(&mut store, &[Rc::clone(&k)]);
+        prepare(&mut store, &Keys::new(vec![Rc::clone(&k)]));
         admit(&mut store, &k, 30).unwrap();
-        prepare(&mut store, &[Rc::clone(&k), key(None, None)]);
+        prepare(&mut store, &Keys::new(vec![Rc::clone(&k), key(None, None)]));
         assert_eq!(store.values.len(), 1, "an unlimited key gets no entry");
         assert_eq!(admit(&mut store, &k, 30).unwrap().unwrap().used.requests, 2);
     }

@@ -302,6 +302,26 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_with_a_lone_surrogate_escape_passes_as_written() {
+        // Found by the `answer_openai` fuzz target: `"\ud800"` is JSON by RFC 8259's
+        // grammar; serde refuses it as a `String` but reads it as a raw value, so the
+        // stamping path passes the choice on as the provider wrote it.
+        let stamp = Stamp {
+            op: Operation::Chat,
+            id: "chatcmpl_X".into(),
+            model: "openai/gpt".into(),
+            created: 7,
+        };
+        let body = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"a\ud800b"},"\ud800":"x"}]}"#;
+        let (out, _) = finish_chat(&stamp, body).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains(r#""choices":[{"index":0,"message":{"role":"assistant","content":"a\ud800b"},"\ud800":"x"}]"#),
+            "{out}"
+        );
+    }
+
+    #[test]
     fn error_bodies_are_read() {
         let d = error_details(
             br#"{"error":{"message":"bad","type":"invalid_request_error","code":"context_length_exceeded"}}"#,

@@ -28,7 +28,7 @@ use waygate::auth;
 use waygate::config::{Api, Config};
 use waygate::exchange::{Exchange, HeadersAction, ResponseAction};
 use waygate::limits::{SharedStore, StoreError};
-use waygate::metrics::Timing;
+use waygate::metrics::{OpenLabels, Timing};
 use waygate::providers;
 use waygate::request::{self, Operation};
 use waygate::stream::StreamRewriter;
@@ -99,7 +99,17 @@ fn exchange_once(config: &Rc<Config>, headers: &[(Vec<u8>, Vec<u8>)], body: &[u8
     assert_eq!(step.action, ResponseAction::Buffer);
     let rewrite = ex.on_buffered_body(answer);
     assert_eq!(rewrite.status, 200);
-    black_box(ex.on_log(&mut NoLimits, 1_755_000_001, Timing::default(), 3));
+    // The VM's labels, as a VM keeps them from one request to the next.
+    thread_local!(static OPEN: std::cell::RefCell<OpenLabels> = Default::default());
+    OPEN.with(|open| {
+        black_box(ex.on_log(
+            &mut NoLimits,
+            1_755_000_001,
+            Timing::default(),
+            3,
+            &mut open.borrow_mut(),
+        ))
+    });
     rewrite.body
 }
 

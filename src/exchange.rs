@@ -1055,6 +1055,7 @@ impl Exchange {
         now: u64,
         timing: metrics::Timing,
         duration_ms: u64,
+        open: &mut metrics::OpenLabels,
     ) -> Option<Log> {
         if matches!(self.state, State::PassThrough | State::Start) {
             return None;
@@ -1081,7 +1082,7 @@ impl Exchange {
             error_code: record.error_code.as_deref(),
             usage: record.usage,
         };
-        let metrics = metrics::updates(&summary, timing);
+        let metrics = metrics::updates(&summary, timing, open);
         Some(Log {
             metrics,
             line: self.access_log(duration_ms),
@@ -1620,7 +1621,13 @@ mod tests {
     /// The access line and the stats say the request ended as the contract's 500.
     fn assert_logged_as_internal_error(ex: &mut Exchange) {
         let log = ex
-            .on_log(&mut MemoryStore::default(), 1, metrics::Timing::default(), 2)
+            .on_log(
+                &mut MemoryStore::default(),
+                1,
+                metrics::Timing::default(),
+                2,
+                &mut metrics::OpenLabels::default(),
+            )
             .unwrap();
         assert!(log.line.contains("status=500"), "{}", log.line);
         assert!(
@@ -1825,7 +1832,16 @@ mod tests {
         assert_eq!(body["error"]["code"], "rate_limited");
         assert_eq!(body["error"]["type"], "rate_limit_error");
         let timing = metrics::Timing::default();
-        let line = ex.on_log(&mut MemoryStore::default(), 1, timing, 5).unwrap().line;
+        let line = ex
+            .on_log(
+                &mut MemoryStore::default(),
+                1,
+                timing,
+                5,
+                &mut metrics::OpenLabels::default(),
+            )
+            .unwrap()
+            .line;
         assert!(
             line.contains("status=429") && line.contains("provider=- attempts=-"),
             "{line}"

@@ -7,6 +7,11 @@
 //! `waygate_requests_openai_2xx`. Label values are reduced to
 //! `[A-Za-z0-9_-]` so a model id cannot add a level.
 //!
+//! Two dimensions take values from outside the configuration: the model a
+//! client names (any `<provider>/<model>` is routed) and a provider's error
+//! code. Envoy keeps every stat it is asked to define until it restarts, so
+//! [`OpenLabels`] bounds them per VM.
+//!
 //! Names follow the OpenTelemetry gen_ai conventions where they fit
 //! (`token.usage` split into prompt and completion, `server.request.duration`
 //! and `time_to_first_token` as histograms in milliseconds).
@@ -70,6 +75,33 @@ pub fn label(value: &str) -> Cow<'_, str> {
         .into()
 }
 
+/// The values a VM has labelled in the dimensions that come from outside the
+/// configuration. The first [`OpenLabels::MAX`] distinct values of each are
+/// labelled as they are; any later new one is labelled `other`, so a client
+/// naming a new model in every request adds no stats (nor memory, nor series
+/// to every scrape) and the totals stay whole.
+#[derive(Debug, Default)]
+pub struct OpenLabels {
+    /// Sorted, for a binary search.
+    models: Vec<String>,
+    error_codes: Vec<String>,
+}
+
+impl OpenLabels {
+    pub const MAX: usize = 256;
+
+    fn bounded<'a>(seen: &mut Vec<String>, value: Cow<'a, str>) -> Cow<'a, str> {
+        match seen.binary_search_by(|s| s.as_str().cmp(&value)) {
+            Ok(_) => value,
+            Err(at) if seen.len() < Self::MAX => {
+                seen.insert(at, value.to_string());
+                value
+            }
+            Err(_) => Cow::Borrowed("other"),
+        }
+    }
+}
+
 fn counter(name: String, value: u64) -> Update {
     Update {
         kind: Kind::Counter,
@@ -102,7 +134,7 @@ fn stat(parts: &[&str]) -> String {
 
 /// Every stat change for one finished request. Counters with a zero
 /// increment are left out (Envoy refuses them).
-pub fn updates(s: &Summary<'_>, t: Timing) -> Vec<Update> {
+pub fn updates(s: &Summary<'_>, t: Timing, open: &mut OpenLabels) -> Vec<Update> {
     let provider = label(s.provider.unwrap_or("none"));
     let provider = provider.as_ref();
     let class = match s.status / 100 {
@@ -125,10 +157,11 @@ pub fn updates(s: &Summary<'_>, t: Timing) -> Vec<Update> {
         ));
     }
     if let Some(code) = s.error_code {
-        out.push(counter(stat(&["waygate.errors", &label(code)]), 1));
+        let code = OpenLabels::bounded(&mut open.error_codes, label(code));
+        out.push(counter(stat(&["waygate.errors", &code]), 1));
     }
     if let Some(u) = s.usage {
-        let model = label(s.model.unwrap_or("none"));
+        let model = OpenLabels::bounded(&mut open.models, label(s.model.unwrap_or("none")));
         if u.prompt_tokens > 0 {
             out.push(counter(
                 stat(&["waygate.tokens.prompt", provider, &model]),
@@ -180,6 +213,7 @@ mod tests {
                 upstream_ms: Some(12),
                 first_byte_ms: Some(4),
             },
+            &mut OpenLabels::default(),
         );
         let names: Vec<(&str, u64)> = u.iter().map(|u| (u.name.as_str(), u.value)).collect();
         assert_eq!(
@@ -205,7 +239,49 @@ mod tests {
             error_code: Some("invalid_api_key"),
             ..Summary::default()
         };
-        let names: Vec<String> = updates(&s, Timing::default()).into_iter().map(|u| u.name).collect();
+        let names: Vec<String> = updates(&s, Timing::default(), &mut OpenLabels::default())
+            .into_iter()
+            .map(|u| u.name)
+            .collect();
         assert_eq!(names, ["waygate.requests.none.4xx", "waygate.errors.invalid_api_key"]);
+    }
+
+    #[test]
+    fn models_and_error_codes_past_the_first_256_of_a_vm_count_as_other() {
+        let mut open = OpenLabels::default();
+        let mut stat_of = |model: &str, code: &str| {
+            let s = Summary {
+                model: Some(model),
+                provider: Some("p"),
+                status: 200,
+                error_code: Some(code),
+                usage: Some(Usage {
+                    prompt_tokens: 1,
+                    completion_tokens: 0,
+                }),
+                ..Summary::default()
+            };
+            let names: Vec<String> = updates(&s, Timing::default(), &mut open)
+                .into_iter()
+                .map(|u| u.name)
+                .collect();
+            (names[1].clone(), names[2].clone())
+        };
+        for i in 0..OpenLabels::MAX {
+            let (errors, tokens) = stat_of(&format!("p/m{i}"), &format!("c{i}"));
+            assert_eq!(errors, format!("waygate.errors.c{i}"));
+            assert_eq!(tokens, format!("waygate.tokens.prompt.p.p_m{i}"));
+        }
+        let (errors, tokens) = stat_of("p/new", "new");
+        assert_eq!(
+            (errors.as_str(), tokens.as_str()),
+            ("waygate.errors.other", "waygate.tokens.prompt.p.other")
+        );
+        // A value seen before the bound keeps its own stat.
+        let (errors, tokens) = stat_of("p/m7", "c200");
+        assert_eq!(
+            (errors.as_str(), tokens.as_str()),
+            ("waygate.errors.c200", "waygate.tokens.prompt.p.p_m7")
+        );
     }
 }

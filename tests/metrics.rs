@@ -89,3 +89,46 @@ fn a_scripted_run_shows_in_prometheus_stats() {
     }
     assert_eq!(value(&stats, "waygate_time_to_first_token_ms_fake_count"), 3);
 }
+
+/// Any `<provider>/<model>` is routed, and a provider that serves any model name (as
+/// the fake does, and some self-hosted servers) would let a client add two stats to
+/// Envoy with each new name it sends: Envoy keeps them until it restarts. Each worker's VM
+/// labels its first 256 models by name and the rest `other`, so the stats stay bounded
+/// and no token goes uncounted.
+#[test]
+fn a_client_naming_a_new_model_each_time_adds_bounded_stats_and_loses_no_token() {
+    const LABELLED: usize = 256;
+    let gw = Gateway::start();
+    // One connection is one worker, so one VM's bound.
+    let mut stream = std::net::TcpStream::connect(gw.addr).unwrap();
+    let mut prompt_tokens = Vec::new();
+    for i in 0..LABELLED + 100 {
+        let body = json!({"model": format!("fake/model-{i}"), "messages": [{"role": "user", "content": "hi"}]});
+        let body = body.to_string();
+        let request = format!(
+            "POST /api/v1/chat/completions HTTP/1.1\r\nhost: gateway.local\r\nauthorization: Bearer {}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            common::DEV_KEY,
+            body.len()
+        );
+        let r = common::answer_on(&mut stream, request.as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+        prompt_tokens.push(r.json()["usage"]["prompt_tokens"].as_u64().unwrap());
+    }
+    let stats = prometheus(&gw);
+    let by_model: Vec<&(String, u64)> = stats
+        .iter()
+        .filter(|(n, _)| n.starts_with("waygate_tokens_prompt_fake_"))
+        .collect();
+    assert_eq!(by_model.len(), LABELLED + 1, "{by_model:#?}");
+    assert_eq!(
+        value(&stats, "waygate_tokens_prompt_fake_fake_model_0"),
+        prompt_tokens[0]
+    );
+    assert_eq!(
+        value(&stats, "waygate_tokens_prompt_fake_other"),
+        prompt_tokens[LABELLED..].iter().sum::<u64>()
+    );
+    let counted: u64 = by_model.iter().map(|(_, v)| v).sum();
+    assert_eq!(counted, prompt_tokens.iter().sum::<u64>(), "every token counted");
+}

@@ -19,7 +19,7 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use waygate::config::Config;
 use waygate::exchange::{BodyStep, Call, CallStep, Exchange, Forward, HeadersAction, Reply, ResponseAction, Rewrite};
-use waygate::metrics::{Kind, Timing};
+use waygate::metrics::{Kind, OpenLabels, Timing};
 use waygate::request::Operation;
 use waygate_fuzz::{
     CLIENT_KEY, LIMITED_KEY, MemoryStore, SECRETS, check_client_stream, check_envelope, check_header, chunked, config,
@@ -382,7 +382,10 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
     let now = 1_700_000_000 + u64::from(input.now % 600) + round;
     let finished = match step.action {
         HeadersAction::Continue => {
-            assert!(ex.on_log(store, now, Timing::default(), 1).is_none());
+            assert!(
+                ex.on_log(store, now, Timing::default(), 1, &mut OpenLabels::default())
+                    .is_none()
+            );
             return;
         }
         HeadersAction::Reply(r) => {
@@ -398,7 +401,9 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
         upstream_ms: Some(3),
         first_byte_ms: Some(1),
     };
-    let log = ex.on_log(store, now, timing, 7).expect("ours, so logged");
+    let log = ex
+        .on_log(store, now, timing, 7, &mut OpenLabels::default())
+        .expect("ours, so logged");
     assert!(!log.line.contains(['\n', '\r']), "one log line: {:?}", log.line);
     seen.client.extend_from_slice(log.line.as_bytes());
     for update in log.metrics {

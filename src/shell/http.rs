@@ -466,10 +466,18 @@ impl HttpContext for Stream {
             first_byte_ms: since(self.first_byte_ns, self.forwarded_ns),
         };
         let elapsed_ms = now.saturating_sub(self.started_ns) / 1_000_000;
-        let Some(log) = self
-            .exchange
-            .on_log(&mut host::SharedData, now / 1_000_000_000, timing, elapsed_ms)
-        else {
+        let log = OPEN_LABELS.with(|open| {
+            // Never busy: a VM runs one callback at a time.
+            let mut open = open.try_borrow_mut().ok()?;
+            self.exchange.on_log(
+                &mut host::SharedData,
+                now / 1_000_000_000,
+                timing,
+                elapsed_ms,
+                &mut open,
+            )
+        });
+        let Some(log) = log else {
             return;
         };
         for update in &log.metrics {
@@ -479,6 +487,12 @@ impl HttpContext for Stream {
         }
         host::log_info(&log.line);
     }
+}
+
+thread_local! {
+    /// The stats' label values from outside the configuration this VM has
+    /// seen, bounded (`metrics::OpenLabels`).
+    static OPEN_LABELS: std::cell::RefCell<crate::metrics::OpenLabels> = Default::default();
 }
 
 /// Sends a local reply; a refusal by the host is logged (nothing else can be done).

@@ -91,6 +91,8 @@ pub struct Keys(Vec<Rc<Key>>);
 
 impl Keys {
     pub fn new(keys: Vec<Rc<Key>>) -> Keys {
+        // Sorted as `(&[u8], usize)`, the element type `repeats` sorts too: one
+        // instance of the sort in the module.
         let mut order: Vec<(&[u8], usize)> = keys.iter().enumerate().map(|(i, k)| (&k.sha256[..], i)).collect();
         order.sort_unstable();
         Keys(order.iter().filter_map(|(_, i)| keys.get(*i).cloned()).collect())
@@ -452,8 +454,8 @@ fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Keys {
             repeats(digests.map(|(i, k)| (&k.sha256[..], i)).collect()),
         ),
     ] {
-        for key in repeated.iter().filter_map(|i| keys.get(*i).map(|k| (i, k))) {
-            problems.push(format!("keys[{}] ({:?}): {what}", key.0, key.1.id));
+        for (i, key) in repeated.into_iter().filter_map(|i| Some((i, keys.get(i)?))) {
+            problems.push(format!("keys[{i}] ({:?}): {what}", key.id));
         }
     }
     Keys::new(keys)

@@ -380,26 +380,25 @@ pub fn check_client_stream(out: &[u8], op: Operation, ended: bool, stamp: Option
     );
 }
 
-/// An event as serde's DOM reads it. A copied OpenAI chunk may hold a number
-/// beyond f64's range, passed on as the provider wrote it where the DOM
-/// refuses it (README "Robustness"; the stamping of answers does the same):
-/// such an event must still be JSON as serde's raw values read it, and its
-/// members that the DOM refuses stand in as an empty array or object, or
-/// their raw text, for the checks of the event's shape. So must an object
-/// whose first member is named serde's raw-value token: JSON to any other
-/// reader, but serde's DOM (with `raw_value`) reads that member's string as
-/// the object's JSON text instead (found by `stream_openai`: a provider's
-/// member sorted first when its choice is written from a DOM).
+/// An event read literally (`waygate::json::dom`: serde's DOM with `raw_value`
+/// reads an object whose first member is named serde's raw-value token as that
+/// member's string, so two writings of one chunk, its members in another order,
+/// would read as different values; found by `stream_openai`). A copied OpenAI
+/// chunk may hold a number beyond f64's range, passed on as the provider wrote
+/// it where the DOM refuses it (README "Robustness"; the stamping of answers
+/// does the same): such an event must still be JSON as serde's raw values read
+/// it, and its members that the DOM refuses stand in as an empty array or
+/// object, or their raw text, for the checks of the event's shape.
 fn event_value(data: &str) -> Value {
-    match serde_json::from_str::<Value>(data) {
+    match waygate::json::dom::parse(data) {
         Ok(value) => value,
-        Err(e) if e.to_string().starts_with("number out of range") || data.contains(RAW_VALUE_TOKEN) => {
+        Err(e) if e.to_string().starts_with("number out of range") => {
             serde_json::from_str::<&serde_json::value::RawValue>(data)
                 .unwrap_or_else(|e| panic!("event is not JSON ({e}): {data:?}"));
             let members = waygate::json::members::Members::parse_str(data)
                 .unwrap_or_else(|e| panic!("event is not JSON ({e}): {data:?}"));
             let read = |raw: &str| {
-                serde_json::from_str(raw).unwrap_or_else(|_| match raw.as_bytes().first() {
+                waygate::json::dom::parse(raw).unwrap_or_else(|_| match raw.as_bytes().first() {
                     Some(b'[') => Value::Array(Vec::new()),
                     Some(b'{') => Value::Object(serde_json::Map::new()),
                     _ => Value::String(raw.to_string()),

@@ -291,12 +291,12 @@ impl StreamTranslator for ContentAsDom {
     }
 }
 
-/// A client stream's events, parsed where they are JSON.
+/// A client stream's events, read literally (see [`event_value`]) where they are JSON.
 fn events_as_json(out: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(out)
         .split("\n\n")
         .filter_map(|e| e.strip_prefix("data: "))
-        .map(|e| serde_json::from_str(e).unwrap_or_else(|_| Value::String(e.to_string())))
+        .map(|e| waygate::json::dom::parse(e).unwrap_or_else(|_| Value::String(e.to_string())))
         .collect()
 }
 
@@ -304,7 +304,7 @@ fn events_as_json(out: &[u8]) -> Vec<Value> {
 pub fn stream_texts(out: &[u8]) -> Vec<String> {
     let mut texts: Vec<(u64, String)> = Vec::new();
     for event in String::from_utf8_lossy(out).split("\n\n") {
-        let Some(Ok(v)) = event.strip_prefix("data: ").map(serde_json::from_str::<Value>) else {
+        let Some(Ok(v)) = event.strip_prefix("data: ").map(waygate::json::dom::parse) else {
             continue;
         };
         for choice in v["choices"].as_array().into_iter().flatten() {

@@ -91,8 +91,8 @@ pub struct Keys(Vec<Rc<Key>>);
 
 impl Keys {
     pub fn new(keys: Vec<Rc<Key>>) -> Keys {
-        // Sorted as `(&[u8], usize)`, the element type `repeats` sorts too: one
-        // instance of the sort in the module.
+        // Sorted as `(&[u8], usize)`, as `report_repeats` sorts: one instance
+        // of the sort in the module.
         let mut order: Vec<(&[u8], usize)> = keys.iter().enumerate().map(|(i, k)| (&k.sha256[..], i)).collect();
         order.sort_unstable();
         Keys(order.iter().filter_map(|(_, i)| keys.get(*i).cloned()).collect())
@@ -328,9 +328,6 @@ fn validate_providers(
         if p.id.is_empty() || p.id.contains('/') || p.id.contains(',') || p.id.contains(':') {
             problems.push(format!("{at}: id must be non-empty without '/', ',' or ':'"));
         }
-        if providers.iter().any(|q| q.id == p.id) {
-            problems.push(format!("{at}: duplicate provider id"));
-        }
         if p.cluster.is_empty() {
             problems.push(format!("{at}: cluster must not be empty"));
         }
@@ -378,6 +375,14 @@ fn validate_providers(
             default_max_tokens,
         }));
     }
+    report_repeats(
+        "providers",
+        &providers,
+        |p| Some(p.id.as_bytes()),
+        |p| &p.id,
+        "duplicate provider id",
+        problems,
+    );
     providers
 }
 
@@ -388,9 +393,6 @@ fn validate_models(raw: Vec<RawModel>, providers: &[Rc<Provider>], problems: &mu
         match m.id.split_once('/') {
             Some((p, rest)) if !p.is_empty() && !rest.is_empty() => {}
             _ => problems.push(format!("{at}: id must look like <provider>/<model>")),
-        }
-        if models.iter().any(|q| q.id == m.id) {
-            problems.push(format!("{at}: duplicate model id"));
         }
         if m.endpoints.is_empty() {
             problems.push(format!("{at}: endpoints must not be empty"));
@@ -410,6 +412,14 @@ fn validate_models(raw: Vec<RawModel>, providers: &[Rc<Provider>], problems: &mu
         }
         models.push(Model { id: m.id, endpoints });
     }
+    report_repeats(
+        "models",
+        &models,
+        |m| Some(m.id.as_bytes()),
+        |m| &m.id,
+        "duplicate model id",
+        problems,
+    );
     models
 }
 
@@ -443,36 +453,48 @@ fn validate_keys(raw: Vec<RawKey>, problems: &mut Vec<String>) -> Keys {
             tokens_per_minute: k.tokens_per_minute,
         }));
     }
-    // Sorted, not compared pairwise: a configuration may hold tens of
-    // thousands of keys, and every worker's VM validates it.
-    let ids = keys.iter().enumerate().map(|(i, k)| (k.id.as_bytes(), i)).collect();
-    let digests = keys.iter().enumerate().filter(|(_, k)| k.sha256 != [0; 32]);
-    for (what, repeated) in [
-        ("duplicate key id", repeats(ids)),
-        (
-            "duplicate sha256",
-            repeats(digests.map(|(i, k)| (&k.sha256[..], i)).collect()),
-        ),
-    ] {
-        for (i, key) in repeated.into_iter().filter_map(|i| Some((i, keys.get(i)?))) {
-            problems.push(format!("keys[{i}] ({:?}): {what}", key.id));
-        }
-    }
+    report_repeats(
+        "keys",
+        &keys,
+        |k| Some(k.id.as_bytes()),
+        |k| &k.id,
+        "duplicate key id",
+        problems,
+    );
+    // A digest that did not parse is reported as such, not as a repeat.
+    let digest: fn(&Rc<Key>) -> Option<&[u8]> = |k| (k.sha256 != [0; 32]).then_some(&k.sha256[..]);
+    report_repeats("keys", &keys, digest, |k| &k.id, "duplicate sha256", problems);
     Keys::new(keys)
 }
 
-/// The positions of the items equal to an item before them. One sort of one
-/// element type serves every caller (each instance of a sort is kilobytes of
-/// wasm).
-fn repeats(mut items: Vec<(&[u8], usize)>) -> Vec<usize> {
-    items.sort_unstable();
-    let pairs = items.windows(2);
-    pairs
-        .filter_map(|pair| match pair {
-            [(first, _), (item, i)] if first == item => Some(*i),
-            _ => None,
-        })
-        .collect()
+/// Reports every item whose `key` an earlier item has, at its own index:
+/// `<section>[i] ("<id>"): <what>`. Found by sorting, not by comparing pairs:
+/// a configuration may hold tens of thousands of keys, and every worker's VM
+/// validates it. `(&[u8], usize)` is the one element type sorted in the
+/// module (each instance of a sort is kilobytes of wasm; [`Keys::new`] sorts
+/// the same).
+fn report_repeats<T>(
+    section: &str,
+    items: &[T],
+    key: fn(&T) -> Option<&[u8]>,
+    id: fn(&T) -> &str,
+    what: &str,
+    problems: &mut Vec<String>,
+) {
+    let mut order: Vec<(&[u8], usize)> = items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| Some((key(item)?, i)))
+        .collect();
+    order.sort_unstable();
+    for pair in order.windows(2) {
+        if let [(first, _), (repeat, i)] = pair
+            && first == repeat
+            && let Some(item) = items.get(*i)
+        {
+            problems.push(format!("{section}[{i}] ({:?}): {what}", id(item)));
+        }
+    }
 }
 
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
@@ -600,7 +622,7 @@ mod tests {
     }
 
     #[test]
-    fn a_repeated_key_id_or_digest_is_named_at_its_repetition() {
+    fn a_repeated_id_or_digest_is_named_at_its_repetition() {
         let digest = |c: char| c.to_string().repeat(64);
         let json = format!(
             r#"{{"keys":[{{"id":"a","sha256":"{}"}},{{"id":"b","sha256":"{}"}},
@@ -623,6 +645,22 @@ mod tests {
         );
         let keys: Vec<Rc<Key>> = Vec::new();
         assert!(Keys::new(keys).find(&[1; 32]).is_none(), "no keys: nothing is found");
+
+        let json = br#"{"providers":[
+            {"id":"a","api":"openai","cluster":"c","authority":"h","api_key":"k"},
+            {"id":"b","api":"openai","cluster":"c","authority":"h","api_key":"k"},
+            {"id":"a","api":"openai","cluster":"c","authority":"h","api_key":"k"}],
+            "models":[{"id":"x/y","endpoints":[{"provider":"a","model":"m"}]},
+                      {"id":"x/y","endpoints":[{"provider":"b","model":"m"}]}]}"#;
+        let mut err = Config::parse(json, &no_env).unwrap_err();
+        err.sort();
+        assert_eq!(
+            err,
+            [
+                r#"models[1] ("x/y"): duplicate model id"#,
+                r#"providers[2] ("a"): duplicate provider id"#
+            ]
+        );
     }
 
     #[test]

@@ -128,6 +128,11 @@ check-configs: $(CONFIGS_PYENV)/.installed
 
 lint: toolchain check-configs
 	$(CARGO) fmt --all -- --check
+	@# The crates with workspaces of their own: the bench's floor filter, the tests'
+	@# trapping filter and the fuzz targets.
+	$(CARGO) fmt --manifest-path benches/floor/Cargo.toml -- --check
+	$(CARGO) fmt --manifest-path tests/trapping_filter/Cargo.toml -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --target wasm32-wasip1 -p waygate --lib -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps --workspace

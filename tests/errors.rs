@@ -240,17 +240,6 @@ fn bad_chat_bodies_get_400_with_the_field_named() {
     assert!(gw.fakes.received().is_empty(), "no bad request may reach a provider");
 }
 
-/// A chat request on `stream`, which stays open, and its answer, read to the
-/// end its `content-length` gives.
-fn chat_on(stream: &mut TcpStream, body: &str) -> Response {
-    let request = format!(
-        "POST {CHAT} HTTP/1.1\r\nhost: gateway.local\r\nauthorization: Bearer {DEV_KEY}\r\n\
-         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    common::answer_on(stream, request.as_bytes())
-}
-
 /// Envoy closes an HTTP/1 connection after a local 400 unless the shipped
 /// bootstraps' `override_stream_error_on_invalid_http_message` says the
 /// 400 is not a framing error: a client's invalid request costs it nothing
@@ -263,7 +252,7 @@ fn an_invalid_request_keeps_its_http1_connection_and_a_broken_one_closes_it() {
     let ok = r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}]}"#;
     let bad_field = r#"{"model":"fake/ok","messages":[{"role":"user","content":"x"}],"temperature":9}"#;
     for (body, status) in [("not json", 400), (ok, 200), (bad_field, 400), (ok, 200)] {
-        let r = chat_on(&mut stream, body);
+        let r = common::chat_on(&mut stream, body);
         assert_eq!(r.status, status, "{body}: {}", r.text());
         assert_ne!(r.header("connection"), Some("close"), "{body}");
     }

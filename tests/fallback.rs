@@ -370,16 +370,16 @@ fn a_provider_cluster_past_its_circuit_breakers_falls_back_or_gets_502() {
         "path_prefix": "/v1", "api_key": "fake-openai-key"
     }));
     let gw = Gateway::with_edit(&config, |doc| {
-        let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
-        let fake = clusters.iter_mut().find(|c| c["name"] == "fake").unwrap();
+        let clusters = doc["static_resources"]["clusters"].as_sequence().unwrap();
+        let fake = clusters.iter().find(|c| c["name"] == "fake").unwrap();
         let address = &fake["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"];
         let port = u16::try_from(address["socket_address"]["port_value"].as_u64().unwrap()).unwrap();
-        fake["circuit_breakers"] =
-            serde_yaml::from_str("{thresholds: [{max_requests: 0, max_retries: 1000}]}").unwrap();
+        // The spare is a copy of the fake cluster as shipped, made before the change.
         common::add_cluster_like_fake(doc, "spare", port);
         let clusters = doc["static_resources"]["clusters"].as_sequence_mut().unwrap();
-        let spare = clusters.iter_mut().find(|c| c["name"] == "spare").unwrap();
-        spare["circuit_breakers"] = serde_yaml::from_str("{thresholds: [{max_retries: 1000}]}").unwrap();
+        let fake = clusters.iter_mut().find(|c| c["name"] == "fake").unwrap();
+        fake["circuit_breakers"] =
+            serde_yaml::from_str("{thresholds: [{max_requests: 0, max_retries: 1000}]}").unwrap();
     });
     let alone = gw.chat(common::ask("fake/ok"));
     alone.assert_error(502, "upstream_error", "upstream_error", None);

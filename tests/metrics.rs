@@ -104,14 +104,7 @@ fn a_client_naming_a_new_model_each_time_adds_bounded_stats_and_loses_no_token()
     let mut prompt_tokens = Vec::new();
     for i in 0..LABELLED + 100 {
         let body = json!({"model": format!("fake/model-{i}"), "messages": [{"role": "user", "content": "hi"}]});
-        let body = body.to_string();
-        let request = format!(
-            "POST /api/v1/chat/completions HTTP/1.1\r\nhost: gateway.local\r\nauthorization: Bearer {}\r\n\
-             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            common::DEV_KEY,
-            body.len()
-        );
-        let r = common::answer_on(&mut stream, request.as_bytes());
+        let r = common::chat_on(&mut stream, &body.to_string());
         assert_eq!(r.status, 200, "{}", r.text());
         prompt_tokens.push(r.json()["usage"]["prompt_tokens"].as_u64().unwrap());
     }

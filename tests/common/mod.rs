@@ -444,6 +444,16 @@ pub fn answer_on(stream: &mut TcpStream, request: &[u8]) -> Response {
     }
 }
 
+/// A chat completion with the dev key on `stream`, which stays open, and its answer.
+pub fn chat_on(stream: &mut TcpStream, body: &str) -> Response {
+    let request = format!(
+        "POST /api/v1/chat/completions HTTP/1.1\r\nhost: gateway.local\r\nauthorization: Bearer {DEV_KEY}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    answer_on(stream, request.as_bytes())
+}
+
 /// An answer and when it came: its first SSE event (`data: `), if any, and its end.
 pub struct Timed {
     pub first_event: Option<Duration>,

@@ -14,7 +14,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use super::host::{self, Buffer, Map};
-use super::routed::{self, TOKEN_PROPERTY};
+use super::routed::{self, Miss, TOKEN_PROPERTY};
 use crate::attempts::Attempts;
 use crate::errors::{ApiError, ErrorType};
 
@@ -79,9 +79,15 @@ impl HttpContext for Attempt {
         let Some(token) = host::property(&[TOKEN_PROPERTY]) else {
             return Action::Continue;
         };
-        let token = std::str::from_utf8(&token).ok().and_then(|t| t.parse().ok());
-        let Some(attempts) = token.and_then(routed::find) else {
-            return self.fail("no attempts registered for this request");
+        let attempts = match routed::find(&token) {
+            Ok(attempts) => attempts,
+            Err(Miss::OtherVm) => {
+                return self.fail(
+                    "the request was prepared in another VM: give the filter's two roles the same \
+                     vm_config (a configuration change reaches one role before the other)",
+                );
+            }
+            Err(Miss::Gone | Miss::Unreadable) => return self.fail("no attempts registered for this request"),
         };
         let map = match host::header_map(Map::Request) {
             Ok(map) => map,

@@ -27,7 +27,7 @@ pub struct Stream {
     /// The most Envoy's own buffer of the held answer has held, once a body
     /// callback paused; `None` before. See [`Stream::finish_held`].
     held_max: Option<usize>,
-    /// With router fallback, this request's token in [`routed`]'s registry.
+    /// With router fallback, this request's count in [`routed`]'s registry.
     routed_token: Option<u64>,
     /// A size Envoy's body buffers are known to take: the listener's
     /// `per_connection_buffer_limit_bytes` must be above `max_request_bytes`
@@ -214,9 +214,9 @@ impl Stream {
             host::set_property(name, value.as_bytes())?;
         }
         if let Some(attempts) = &forward.routed {
-            let token = routed::register(Rc::clone(attempts));
-            self.routed_token = Some(token);
-            host::set_property(routed::TOKEN_PROPERTY, token.to_string().as_bytes())?;
+            let (count, token) = routed::register(Rc::clone(attempts));
+            self.routed_token = Some(count);
+            host::set_property(routed::TOKEN_PROPERTY, token.as_bytes())?;
         }
         Ok(())
     }
@@ -224,8 +224,8 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if let Some(token) = self.routed_token {
-            routed::forget(token);
+        if let Some(count) = self.routed_token {
+            routed::forget(count);
         }
     }
 }

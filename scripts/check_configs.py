@@ -551,9 +551,9 @@ def _cluster_maps(node: Any) -> list[set]:
     return found
 
 
-def _upstream_role_clusters(clusters: dict) -> set:
-    """Clusters whose upstream HTTP filters include the wasm filter's upstream role."""
-    names = set()
+def _upstream_roles(clusters: dict) -> dict:
+    """The Wasm config of the filter's upstream role, by the cluster that runs it."""
+    roles = {}
     for name, cluster in clusters.items():
         options = cluster.get("typed_extension_protocol_options", {}).get("envoy.extensions.upstreams.http.v3.HttpProtocolOptions", {})
         for flt in options.get("http_filters", []):
@@ -561,10 +561,10 @@ def _upstream_role_clusters(clusters: dict) -> set:
             value = config.get("configuration", {}).get("value")
             try:
                 if json.loads(value or "null") == {"role": "upstream"}:
-                    names.add(name)
+                    roles[name] = config
             except json.JSONDecodeError:
                 pass
-    return names
+    return roles
 
 
 def _breaker_max_retries(clusters: dict) -> dict:
@@ -722,13 +722,17 @@ def check_bootstrap(path: Path, root: Path, problems: Problems) -> BootstrapInfo
                         buffer_limit=listener.get("per_connection_buffer_limit_bytes"),
                         env_keys=set(env.get("host_env_keys", [])) | set(env.get("key_values", {})),
                         target_of=lambda provider: provider.get("cluster"),
-                        upstream_role=_upstream_role_clusters(info.clusters),
+                        upstream_role=set(_upstream_roles(info.clusters)),
                         later_filters=filters[hi + 1:],
                         clusters=set(info.clusters),
                         max_retries=_breaker_max_retries(info.clusters),
                         auto_sni=_auto_sni_clusters(info.clusters),
                     )
                     check_wasm_plugin(plugin, fw, around, problems)
+                    # Router fallback hands each request to its attempts inside one VM.
+                    for name, role in _upstream_roles(info.clusters).items():
+                        if role.get("vm_config") != plugin.get("vm_config"):
+                            problems.add(f"{where}: clusters.{name}", "the filter's upstream role has another vm_config than the filter: they would not share a VM")
     if wasm_filters == 0:
         problems.add(where, "no envoy.filters.http.wasm filter")
     for name, cluster in info.clusters.items():

@@ -101,6 +101,10 @@ class CheckConfigsFails(unittest.TestCase):
         self.mutate("envoy/local-router.yaml", "value: '{\"role\": \"upstream\"}'", "value: '{\"role\": \"downstream\"}'")
         self.assert_fails("envoy/local-router.yaml", "does not run the filter's upstream role")
 
+    def test_router_fallback_upstream_role_in_another_vm(self) -> None:
+        self.mutate("envoy/local-router.yaml", "              vm_config: *waygate_vm", "              vm_config: {vm_id: other, runtime: envoy.wasm.runtime.v8, code: {local: {filename: target/wasm32-wasip1/wasm/waygate.wasm}}}")
+        self.assert_fails("envoy/local-router.yaml", "has another vm_config than the filter")
+
     def test_router_fallback_not_retrying_a_contract_failure(self) -> None:
         self.mutate("envoy/local-router.yaml", "retriable_status_codes: [401, 403, 404, 408, 409, 429]", "retriable_status_codes: [429]")
         self.assert_fails("envoy/local-router.yaml", "lacks [401, 403, 404, 408, 409]")

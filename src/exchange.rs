@@ -12,6 +12,7 @@
 //! Each state holds the data only it needs; what the log and the stats say
 //! of the request is gathered in one `Record` beside it.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -1123,13 +1124,14 @@ impl Exchange {
         let usage = record.usage.unwrap_or_default();
         // Built piece by piece: one line per request, and `format!` with ten
         // arguments costs more than the rest of the log phase in wasm.
+        let model = record.model.as_deref().map_or(Cow::Borrowed("-"), redact::log_field);
         let mut line = String::with_capacity(256);
         for (name, value) in [
             (
                 "waygate access key=",
                 record.key.as_ref().map_or("-", |k| k.id.as_str()),
             ),
-            (" model=", record.model.as_deref().unwrap_or("-")),
+            (" model=", &model),
             (" provider=", self.served_by().unwrap_or("-")),
             (" attempts=", if attempts.is_empty() { "-" } else { &attempts }),
         ] {

@@ -1,5 +1,6 @@
-//! Scrubbing a provider's credential from bytes on their way to the client
-//! or the log.
+//! What reaches the client or the log from outside: a provider's credential
+//! scrubbed from bytes on their way out, and a client's text made one log
+//! field ([`log_field`]).
 //!
 //! A provider may echo the request it got, its credential included: in an
 //! error message, an echo model's answer, a value serde quotes back when it
@@ -7,6 +8,8 @@
 //! through [`scrub`] first (streams through
 //! [`crate::stream::StreamRewriter::redacting`], which also catches a
 //! credential split across deltas).
+
+use std::borrow::Cow;
 
 use crate::scan;
 
@@ -32,6 +35,19 @@ pub fn scrub_from(bytes: &mut Vec<u8>, start: usize, secret: &str) {
         if let Some(escaped) = escaped_form(secret) {
             replace_all(bytes, start, escaped.as_bytes(), anchor(escaped.as_bytes()));
         }
+    }
+}
+
+/// Client text (a model name, a field name) as one field of a log line: as it
+/// is when plain (letters, digits, `-._/:@+`), else quoted and escaped as
+/// Rust's Debug does. Text a client sends can then neither end a field nor
+/// the line, so it cannot forge another field or another access line.
+pub fn log_field(text: &str) -> Cow<'_, str> {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"-._/:@+".contains(&b);
+    if !text.is_empty() && text.bytes().all(plain) {
+        Cow::Borrowed(text)
+    } else {
+        Cow::Owned(format!("{text:?}"))
     }
 }
 
@@ -197,6 +213,22 @@ fn find_anchored(haystack: &[u8], needle: &[u8], anchor: usize, from: usize) -> 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn client_text_is_one_log_field() {
+        assert_eq!(log_field("openai/gpt-4o-mini"), "openai/gpt-4o-mini");
+        assert_eq!(
+            log_field("models/gemini-2.5-pro:latest"),
+            "models/gemini-2.5-pro:latest"
+        );
+        assert_eq!(
+            log_field("fake/ok status=200\nwaygate access key=root"),
+            r#""fake/ok status=200\nwaygate access key=root""#
+        );
+        assert_eq!(log_field("say \"hi\"\u{1b}[31m"), r#""say \"hi\"\u{1b}[31m""#);
+        assert_eq!(log_field("caf\u{e9}"), "\"caf\u{e9}\"");
+        assert_eq!(log_field(""), "\"\"");
+    }
+
     use super::*;
 
     fn text(bytes: &[u8]) -> String {

@@ -323,6 +323,41 @@ fn non_utf8_request_headers_are_answered_cleanly() {
     c.assert_healthy();
 }
 
+/// Log pipelines read the access line's fields for usage by key: a model name or a field
+/// name in the body must not end a field or the line, so it cannot forge either.
+#[test]
+fn client_text_in_the_body_cannot_forge_a_log_line() {
+    let c = Chaos::start();
+    let forged = "fake/ok status=200 key=root\nwaygate access key=root model=x prompt_tokens=999999";
+    let body = json!({"model": forged, "messages": [{"role": "user", "content": "x"}]});
+    let r = exchange(c.gw.addr, &json_request(&body)).answer();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A field Anthropic's API cannot express is dropped, and named in the log.
+    let mut body = json!({"model": "fakeanthropic/ok", "messages": [{"role": "user", "content": "x"}]});
+    body["dropped\nwaygate access key=root\u{1b}[31m"] = json!(1);
+    let r = exchange(c.gw.addr, &json_request(&body)).answer();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let lines = |logs: &str| logs.lines().filter(|l| l.contains(": waygate access key=")).count();
+    wait_for(Duration::from_secs(5), "the access lines", || lines(&c.gw.logs()) >= 2);
+    let logs = c.gw.logs();
+    // Every line is Envoy's (a timestamp first): none began inside a client's text.
+    assert!(logs.lines().all(|l| l.starts_with('[')), "{logs}");
+    assert_eq!(lines(&logs), 2, "{logs}");
+    let line = logs.lines().find(|l| l.contains(": waygate access key=")).unwrap();
+    assert!(
+        line.contains(r#"model="fake/ok status=200 key=root\nwaygate access key=root model=x prompt_tokens=999999" "#),
+        "{line}"
+    );
+    assert!(line.contains(" prompt_tokens=1 "), "{line}");
+    let dropped = logs.lines().find(|l| l.contains("cannot express")).unwrap();
+    assert!(
+        dropped.contains(r#"cannot express "dropped\nwaygate access key=root\u{1b}[31m"; dropped"#),
+        "{dropped}"
+    );
+    assert!(!logs.contains('\u{1b}'), "{logs}");
+    c.assert_healthy();
+}
+
 #[test]
 fn huge_header_values_and_thousands_of_headers_end_cleanly() {
     let c = Chaos::start();

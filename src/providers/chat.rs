@@ -11,6 +11,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::errors::ApiError;
+use crate::redact;
 use crate::request::{Operation, ParsedRequest, bad_value, missing, wrong_type};
 
 /// Fields a translating provider reads itself; any other field the client
@@ -66,7 +67,9 @@ pub(super) fn check_common(request: &ParsedRequest, provider_id: &str, routing_f
         .filter(|k| !LEGACY_ONLY.contains(k))
         .collect();
     if !dropped.is_empty() {
-        log::info!("provider {provider_id} cannot express {}; dropped", dropped.join(", "));
+        // The names are the client's: each one log field.
+        let names: Vec<_> = dropped.into_iter().map(redact::log_field).collect();
+        log::info!("provider {provider_id} cannot express {}; dropped", names.join(", "));
     }
     Ok(())
 }

@@ -224,7 +224,7 @@ fn ask(gw: &Gateway, key: &str, model: &str) -> Response {
 /// Waits out the end of a minute, so the limit counts below share one window.
 fn away_from_a_minute_boundary() {
     let into = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() % 60;
-    if into > 40 {
+    if into > 50 {
         std::thread::sleep(Duration::from_secs(61 - into));
     }
 }

@@ -38,16 +38,21 @@ pub fn scrub_from(bytes: &mut Vec<u8>, start: usize, secret: &str) {
     }
 }
 
+/// Most characters of client text a log field keeps (as for `X-Title`).
+pub const LOG_FIELD_CHARS: usize = 200;
+
 /// Client text (a model name, a field name) as one field of a log line: as it
 /// is when plain (letters, digits, `-._/:@+`), else quoted and escaped as
 /// Rust's Debug does. Text a client sends can then neither end a field nor
-/// the line, so it cannot forge another field or another access line.
+/// the line, so it cannot forge another field or another access line. Past
+/// [`LOG_FIELD_CHARS`] it is cut and ends with `…`: a request may be megabytes.
 pub fn log_field(text: &str) -> Cow<'_, str> {
     let plain = |b: u8| b.is_ascii_alphanumeric() || b"-._/:@+".contains(&b);
-    if !text.is_empty() && text.bytes().all(plain) {
-        Cow::Borrowed(text)
-    } else {
-        Cow::Owned(format!("{text:?}"))
+    let cut = text.char_indices().nth(LOG_FIELD_CHARS).map(|(at, _)| at);
+    match cut.and_then(|at| text.get(..at)) {
+        Some(kept) => Cow::Owned(format!("{:?}", format!("{kept}…"))),
+        None if !text.is_empty() && text.bytes().all(plain) => Cow::Borrowed(text),
+        None => Cow::Owned(format!("{text:?}")),
     }
 }
 
@@ -227,6 +232,10 @@ mod tests {
         assert_eq!(log_field("say \"hi\"\u{1b}[31m"), r#""say \"hi\"\u{1b}[31m""#);
         assert_eq!(log_field("caf\u{e9}"), "\"caf\u{e9}\"");
         assert_eq!(log_field(""), "\"\"");
+        let long = "m".repeat(LOG_FIELD_CHARS + 1);
+        assert_eq!(log_field(&long), format!("\"{}…\"", &long[..LOG_FIELD_CHARS]));
+        let exact = "m".repeat(LOG_FIELD_CHARS);
+        assert_eq!(log_field(&exact), exact);
     }
 
     use super::*;

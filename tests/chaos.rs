@@ -355,6 +355,22 @@ fn client_text_in_the_body_cannot_forge_a_log_line() {
         "{dropped}"
     );
     assert!(!logs.contains('\u{1b}'), "{logs}");
+
+    // A request may be megabytes: its log lines stay short.
+    let mut body = json!({"model": format!("fakeanthropic/{}", "m".repeat(60_000)),
+        "messages": [{"role": "user", "content": "x"}]});
+    for i in 0..50 {
+        body[format!("unknown_{i}")] = json!(1);
+    }
+    let r = exchange(c.gw.addr, &json_request(&body)).answer();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_for(Duration::from_secs(5), "the access line", || lines(&c.gw.logs()) == 3);
+    let logs = c.gw.logs();
+    let line = logs.lines().rfind(|l| l.contains(": waygate access key=")).unwrap();
+    assert!(line.len() < 600 && line.contains("mmm…\" provider="), "{line}");
+    // Ten names (in the body's sorted order), then a count.
+    let dropped = logs.lines().rfind(|l| l.contains("cannot express")).unwrap();
+    assert!(dropped.contains("unknown_17, 40 more; dropped"), "{dropped}");
     c.assert_healthy();
 }
 

@@ -67,8 +67,13 @@ pub(super) fn check_common(request: &ParsedRequest, provider_id: &str, routing_f
         .filter(|k| !LEGACY_ONLY.contains(k))
         .collect();
     if !dropped.is_empty() {
-        // The names are the client's: each one log field.
-        let names: Vec<_> = dropped.into_iter().map(redact::log_field).collect();
+        // The names are the client's: each one log field, and a few of them.
+        const NAMED: usize = 10;
+        let mut names: Vec<_> = dropped.iter().take(NAMED).map(|n| redact::log_field(n)).collect();
+        let more = dropped.len().saturating_sub(NAMED);
+        if more > 0 {
+            names.push(format!("{more} more").into());
+        }
         log::info!("provider {provider_id} cannot express {}; dropped", names.join(", "));
     }
     Ok(())

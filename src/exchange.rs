@@ -293,6 +293,18 @@ pub struct Exchange {
 
 const HOP_HEADERS_TO_DROP: [&str; 3] = ["authorization", "accept-encoding", "content-length"];
 
+/// On the API, the client's headers that carry a provider credential or pick a
+/// provider account (contract §3). The gateway's credential goes with its own
+/// account: a developer's `OPENAI_ORG_ID`, which the official SDKs send as
+/// `OpenAI-Organization`, would make OpenAI refuse the gateway's key.
+const ACCOUNT_HEADERS: [&str; 5] = [
+    "x-api-key",
+    "api-key",
+    "x-goog-api-key",
+    "openai-organization",
+    "openai-project",
+];
+
 /// What every translated request sets, first to last: where it goes on the
 /// provider, its body's type and length, then the provider's own headers
 /// (its credential, its API version); and the body.
@@ -343,11 +355,12 @@ impl Exchange {
         // router obeys `x-envoy-retry-on`, `x-envoy-max-retries` and the like
         // from any client its connection manager counts as internal (a mesh's
         // pods, often), which could make one request several billed provider
-        // calls; the filter sets the ones it needs itself.
+        // calls; the filter sets the ones it needs itself. Nor does one that
+        // picks a provider account.
         let remove = names_where(pairs, |name, _| {
             name.starts_with("x-waygate-")
                 || name == cfg.cluster_header
-                || (sub.is_some() && name.starts_with("x-envoy-"))
+                || (sub.is_some() && (name.starts_with("x-envoy-") || ACCOUNT_HEADERS.contains(&name)))
         });
         let Some(sub) = sub else {
             self.state = State::PassThrough;
@@ -1553,18 +1566,29 @@ mod tests {
     }
 
     #[test]
-    fn reserved_headers_go_on_every_path_and_the_clients_x_envoy_ones_on_the_api() {
+    fn reserved_headers_go_on_every_path_and_the_clients_x_envoy_and_account_ones_on_the_api() {
         let extra = [
             ("x-waygate-cluster", "ghost"),
             ("x-envoy-max-retries", "3"),
             ("x-envoy-retry-on", "5xx"),
             ("x-envoyish", "kept"),
+            ("openai-organization", "org-developers-own"),
+            ("openai-project", "proj_developers_own"),
+            ("x-api-key", "sk-ant-developers-own"),
+            ("openai-beta", "assistants=v2"),
         ];
         let step = Exchange::new(config()).on_request_headers(&request_headers(&extra), false);
         assert_eq!(step.action, HeadersAction::ReadBody);
         assert_eq!(
             step.remove,
-            ["x-waygate-cluster", "x-envoy-max-retries", "x-envoy-retry-on"]
+            [
+                "x-waygate-cluster",
+                "x-envoy-max-retries",
+                "x-envoy-retry-on",
+                "openai-organization",
+                "openai-project",
+                "x-api-key"
+            ]
         );
         // Outside base_path the request is not the filter's: only the cluster is its business.
         let mut elsewhere = request_headers(&extra);

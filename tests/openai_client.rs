@@ -9,7 +9,7 @@ mod common;
 use common::{DEV_KEY, Gateway, root};
 
 /// Runs one of `tests/clients/` with the pinned client against a fresh
-/// gateway; the script asserts what it sees and ends by printing
+/// gateway, from a developer's environment; the script asserts what it sees and ends by printing
 /// "all checks passed".
 fn run_client_script(script: &str, args: &[&str]) {
     let python = root().join("target/pyenv/bin/python");
@@ -25,6 +25,11 @@ fn run_client_script(script: &str, args: &[&str]) {
         .arg(&base_url)
         .arg(DEV_KEY)
         .args(args)
+        // A developer's environment as it often is: the client sends these as
+        // `OpenAI-Organization` and `OpenAI-Project`, which the gateway's key does not
+        // belong to (the fake OpenAI refuses a foreign organization, as OpenAI does).
+        .env("OPENAI_ORG_ID", "org-developers-own")
+        .env("OPENAI_PROJECT_ID", "proj_developers_own")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -196,3 +196,38 @@ fn the_clients_key_never_reaches_a_provider() {
     }
     assert_clean_logs(&c);
 }
+
+/// A developer's environment names their own OpenAI organization and project, and the
+/// official SDKs send them (`OpenAI-Organization`, `OpenAI-Project`); another SDK sends its
+/// own provider key. None of it reaches a provider: the gateway's credential goes with its
+/// own account, where a foreign organization would make OpenAI refuse it.
+#[test]
+fn a_clients_provider_account_headers_never_reach_a_provider() {
+    let c = Chaos::with_config(&plugin_config("echo-503"));
+    let auth = format!("Bearer {DEV_KEY}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+        ("OpenAI-Organization", "org-developers-own"),
+        ("OpenAI-Project", "proj_developers_own"),
+        ("x-api-key", "sk-ant-developers-own-key"),
+        ("api-key", "azure-developers-own-key"),
+        ("x-goog-api-key", "AIza-developers-own-key"),
+    ];
+    for model in ["fake/ok", "fakeanthropic/ok", "fakegemini/ok"] {
+        for stream in [false, true] {
+            let r =
+                c.gw.send("POST", CHAT, &headers, chat(model, stream).to_string().as_bytes());
+            assert_eq!(r.status, 200, "{model}: {}", r.text());
+        }
+    }
+    let received = c.gw.fakes.received();
+    assert_eq!(received.len(), 6);
+    for req in &received {
+        let all = format!("{:?}", req.headers);
+        assert!(
+            !all.contains("developers-own") && !all.contains("developers_own"),
+            "{all}"
+        );
+    }
+}

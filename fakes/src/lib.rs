@@ -3,7 +3,7 @@
 //!
 //! One HTTP/1.1 listener serves the three APIs by path:
 //! - OpenAI: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`
-//!   (credential `Authorization: Bearer` [`OPENAI_KEY`]);
+//!   (credential `Authorization: Bearer` [`OPENAI_KEY`], of organization [`OPENAI_ORGANIZATION`]);
 //! - Anthropic: `POST /v1/messages` (`x-api-key` [`ANTHROPIC_KEY`] and `anthropic-version`);
 //! - Gemini: `POST /v1beta/models/{model}:generateContent` and
 //!   `:streamGenerateContent?alt=sse` (`x-goog-api-key` or `?key=` [`GEMINI_KEY`]).
@@ -41,6 +41,8 @@ use reply::{FakeBody, Reply};
 
 /// The key the fake OpenAI API accepts (`Authorization: Bearer fake-openai-key`).
 pub const OPENAI_KEY: &str = "fake-openai-key";
+/// The organization [`OPENAI_KEY`] belongs to (`OpenAI-Organization`).
+pub const OPENAI_ORGANIZATION: &str = "org-fake";
 /// The key the fake Anthropic API accepts (`x-api-key: fake-anthropic-key`).
 pub const ANTHROPIC_KEY: &str = "fake-anthropic-key";
 /// The key the fake Gemini API accepts (`x-goog-api-key: fake-gemini-key` or `?key=`).

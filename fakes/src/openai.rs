@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use super::answer::{self, Answer, Ask, Content, Finish, ToolChoice, ToolDecl, random_id};
 use super::reply::Reply;
 use super::steer::{self, Directive};
-use super::{OPENAI_KEY, RecordedRequest};
+use super::{OPENAI_KEY, OPENAI_ORGANIZATION, RecordedRequest};
 
 const SSE: &str = "text/event-stream; charset=utf-8";
 const NO_KEY: &str = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the password field (with blank username) if you're accessing the API from your browser and are prompted for a username and password. You can obtain an API key from https://platform.openai.com/account/api-keys.";
@@ -347,6 +347,22 @@ fn check_key(req: &RecordedRequest) -> Checked {
         scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
     });
     match token {
+        // The key belongs to one organization; a request that names another is refused,
+        // as OpenAI refuses it (seen in the wild: microsoft/foundry-dev-tools#262,
+        // Realiserad/fish-ai#62).
+        Some(OPENAI_KEY)
+            if req
+                .header("openai-organization")
+                .is_some_and(|org| org != OPENAI_ORGANIZATION) =>
+        {
+            Err(error(
+                401,
+                "OpenAI-Organization header should match organization for API key",
+                "invalid_request_error",
+                None,
+                Some("mismatched_organization"),
+            ))
+        }
         Some(OPENAI_KEY) => Ok(()),
         Some(key) if !key.is_empty() => Err(error(
             401,

@@ -6,7 +6,8 @@
 //! Checked on every step: every error answer is the contract's envelope
 //! with `content-type: application/json`; every header the filter sets is
 //! injection-free; `content-length` matches; a stream ends with `[DONE]` or
-//! one error event; the client's key never goes upstream in a header; a
+//! one error event; the client's key never goes upstream in a header, nor a
+//! header that picks a provider account; a
 //! provider credential never reaches the client (answer, header, stream) or
 //! the access log; stats are well-formed.
 
@@ -373,11 +374,29 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
     }
 
     let step = ex.on_request_headers(&pairs, input.headers_eos);
-    // The client's x-envoy-* headers go only on the API, never on a path passed through.
+    // The client's x-envoy-* and provider-account headers go only on the API, never on a
+    // path passed through; on the API every account header goes.
+    const ACCOUNT: [&str; 5] = [
+        "x-api-key",
+        "api-key",
+        "x-goog-api-key",
+        "openai-organization",
+        "openai-project",
+    ];
     let api = !matches!(step.action, HeadersAction::Continue);
     for name in &step.remove {
         let reserved = name.starts_with("x-waygate-") || *name == cfg.cluster_header;
-        assert!(reserved || (api && name.starts_with("x-envoy-")), "{name}");
+        let api_only = name.starts_with("x-envoy-") || ACCOUNT.contains(&name.as_str());
+        assert!(reserved || (api && api_only), "{name}");
+    }
+    if api {
+        for (name, _) in &pairs {
+            if let Ok(name) = std::str::from_utf8(name)
+                && ACCOUNT.contains(&name)
+            {
+                assert!(step.remove.iter().any(|r| r == name), "{name} goes upstream");
+            }
+        }
     }
     let now = 1_700_000_000 + u64::from(input.now % 600) + round;
     let finished = match step.action {

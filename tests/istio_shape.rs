@@ -2,8 +2,9 @@
 //! plays istiod's part for what the gateway's Envoy gets from `envoy/istio/*.yaml`: a
 //! cluster per ServiceEntry named as Istio names it (`outbound|80||<host>`, here at the fake
 //! providers, without TLS), the VirtualService's routes, the DestinationRules' retry
-//! breakers, and the filter from its ECDS config with its plugin configuration as written
-//! (but for the fakes' keys and one listed model with a fallback). With
+//! breakers, and the filter installed as its HTTP_FILTER patch installs it, by ECDS from its
+//! EXTENSION_CONFIG, with its plugin configuration as written (but for the fakes' keys and
+//! one listed model with a fallback). With
 //! `router-fallback.yaml`, its patches are applied as Istio applies them: the route first in
 //! the virtual host, the virtual host's merge, each cluster's HttpProtocolOptions replaced
 //! whole, and the upstream role's ECDS config (read from a file here, from istiod there).
@@ -96,14 +97,36 @@ fn plugin_config(written: &str, fallback: &str) -> String {
     config.to_string()
 }
 
+/// `patch`'s ECDS config source reading `file` instead of istiod's ADS.
+fn from_file(patch: &Yaml, file: &Path) -> Value {
+    let mut value = serde_json::to_value(patch).unwrap();
+    let source = value.pointer_mut("/config_discovery/config_source").unwrap();
+    source.as_object_mut().unwrap().remove("ads");
+    source["path_config_source"] = json!({"path": file.to_string_lossy()});
+    value
+}
+
+/// Writes the ECDS resource of an EXTENSION_CONFIG patch's value, `typed_config` as given.
+fn write_resource(file: &Path, extension: &Yaml, typed_config: Value) {
+    let resource = json!({"resources": [{"@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+        "name": extension["name"], "typed_config": typed_config}]});
+    std::fs::write(file, resource.to_string()).unwrap();
+}
+
 /// The gateway's Envoy as istiod would configure it from the manifests, with router
-/// fallback's patches when `router`. `ecds` is where the upstream role's config is written.
-fn istio_bootstrap(objects: &[Yaml], fake_port: u16, router: bool, ecds: &Path) -> String {
+/// fallback's patches when `router`. Each role's ECDS resource is written in `dir`.
+fn istio_bootstrap(objects: &[Yaml], fake_port: u16, router: bool, dir: &Path) -> String {
     let waygate = patches(objects, "waygate");
+    // The filter as its HTTP_FILTER patch installs it: by ECDS, from the EXTENSION_CONFIG.
     let wasm = patch_value(&waygate, "EXTENSION_CONFIG", |_| true);
     let mut filter = local_module(&wasm["typed_config"]["config"]);
     let written = filter["configuration"]["value"].as_str().unwrap().to_string();
     filter["configuration"]["value"] = plugin_config(&written, if router { "router" } else { "http_call" }).into();
+    let mut typed = serde_json::to_value(&wasm["typed_config"]).unwrap();
+    typed["config"] = serde_json::to_value(&filter).unwrap();
+    write_resource(&dir.join("waygate.json"), wasm, typed);
+    let discovered = patch_value(&waygate, "HTTP_FILTER", |p| p["patch"]["value"]["name"] == wasm["name"]);
+    let waygate_filter = from_file(discovered, &dir.join("waygate.json"));
     let buffer_limit = patch_value(&waygate, "LISTENER", |_| true)["per_connection_buffer_limit_bytes"].clone();
 
     // The VirtualService's routes, as Istio writes them.
@@ -177,9 +200,8 @@ fn istio_bootstrap(objects: &[Yaml], fake_port: u16, router: bool, ecds: &Path) 
         let role = patch_value(&patches, "EXTENSION_CONFIG", |_| true);
         let mut typed = serde_json::to_value(&role["typed_config"]).unwrap();
         typed["config"] = serde_json::to_value(local_module(&role["typed_config"]["config"])).unwrap();
-        let resource = json!({"resources": [{"@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
-            "name": role["name"], "typed_config": typed}]});
-        std::fs::write(ecds, resource.to_string()).unwrap();
+        let ecds = dir.join("upstream.json");
+        write_resource(&ecds, role, typed);
         // Each provider cluster's HttpProtocolOptions, replaced whole.
         for patch in patches.iter().filter(|p| p["applyTo"] == "CLUSTER") {
             let m = &patch["match"]["cluster"];
@@ -195,9 +217,8 @@ fn istio_bootstrap(objects: &[Yaml], fake_port: u16, router: bool, ecds: &Path) 
                 .as_array_mut()
                 .unwrap()
             {
-                if let Some(source) = f.pointer_mut("/config_discovery/config_source") {
-                    source.as_object_mut().unwrap().remove("ads");
-                    source["path_config_source"] = json!({"path": ecds.to_string_lossy()});
+                if f.get("config_discovery").is_some() {
+                    *f = from_file(&serde_yaml::to_value(&*f).unwrap(), &ecds);
                 }
             }
             cluster["typed_extension_protocol_options"] = options;
@@ -215,8 +236,7 @@ fn istio_bootstrap(objects: &[Yaml], fake_port: u16, router: bool, ecds: &Path) 
                     "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                         "stat_prefix": "waygate", "route_config": {"name": "http.8080", "virtual_hosts": [vhost]},
                         "http_filters": [
-                            {"name": "waygate.waygate", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                                "config": serde_json::to_value(&filter).unwrap()}},
+                            waygate_filter,
                             {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}],
             "clusters": clusters
         }
@@ -229,8 +249,10 @@ fn istio_gateway(router: bool) -> Gateway {
     let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
     let dir = std::env::temp_dir().join(format!("waygate-istio-{}-{router}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let yaml = istio_bootstrap(&manifests(), fakes.addr().port(), router, &dir.join("upstream.json"));
+    let yaml = istio_bootstrap(&manifests(), fakes.addr().port(), router, &dir);
+    // Envoy reads the ECDS files once it starts; they may go after that.
     let envoy = Envoy::start(&yaml).unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_dir_all(&dir);
     let addr = envoy.listener("waygate");
     Gateway { envoy, fakes, addr }
 }

@@ -293,16 +293,19 @@ pub struct Exchange {
 
 const HOP_HEADERS_TO_DROP: [&str; 3] = ["authorization", "accept-encoding", "content-length"];
 
-/// On the API, the client's headers that carry a provider credential or pick a
-/// provider account (contract §3). The gateway's credential goes with its own
-/// account: a developer's `OPENAI_ORG_ID`, which the official SDKs send as
-/// `OpenAI-Organization`, would make OpenAI refuse the gateway's key.
-const ACCOUNT_HEADERS: [&str; 5] = [
+/// On the API, the client's headers that carry a credential or pick a provider
+/// account (contract §3): none is the provider's business. A browser's cookies
+/// and proxy credentials are for the gateway's side, and the gateway's
+/// credential goes with its own account: a developer's `OPENAI_ORG_ID`, which
+/// the official SDKs send as `OpenAI-Organization`, would make OpenAI refuse it.
+const ACCOUNT_HEADERS: [&str; 7] = [
     "x-api-key",
     "api-key",
     "x-goog-api-key",
     "openai-organization",
     "openai-project",
+    "cookie",
+    "proxy-authorization",
 ];
 
 /// What every translated request sets, first to last: where it goes on the
@@ -1576,6 +1579,7 @@ mod tests {
             ("openai-project", "proj_developers_own"),
             ("x-api-key", "sk-ant-developers-own"),
             ("openai-beta", "assistants=v2"),
+            ("cookie", "session=gateway-site-session"),
         ];
         let step = Exchange::new(config()).on_request_headers(&request_headers(&extra), false);
         assert_eq!(step.action, HeadersAction::ReadBody);
@@ -1587,7 +1591,8 @@ mod tests {
                 "x-envoy-retry-on",
                 "openai-organization",
                 "openai-project",
-                "x-api-key"
+                "x-api-key",
+                "cookie"
             ]
         );
         // Outside base_path the request is not the filter's: only the cluster is its business.

@@ -199,8 +199,9 @@ fn the_clients_key_never_reaches_a_provider() {
 
 /// A developer's environment names their own OpenAI organization and project, and the
 /// official SDKs send them (`OpenAI-Organization`, `OpenAI-Project`); another SDK sends its
-/// own provider key. None of it reaches a provider: the gateway's credential goes with its
-/// own account, where a foreign organization would make OpenAI refuse it.
+/// own provider key; a browser sends the cookies of the gateway's site. None of it reaches a
+/// provider: the gateway's credential goes with its own account, where a foreign
+/// organization would make OpenAI refuse it.
 #[test]
 fn a_clients_provider_account_headers_never_reach_a_provider() {
     let c = Chaos::with_config(&plugin_config("echo-503"));
@@ -213,6 +214,9 @@ fn a_clients_provider_account_headers_never_reach_a_provider() {
         ("x-api-key", "sk-ant-developers-own-key"),
         ("api-key", "azure-developers-own-key"),
         ("x-goog-api-key", "AIza-developers-own-key"),
+        // A browser's, for the gateway's site.
+        ("cookie", "sso_session=developers-own-session"),
+        ("proxy-authorization", "Basic developers-own-proxy"),
     ];
     for model in ["fake/ok", "fakeanthropic/ok", "fakegemini/ok"] {
         for stream in [false, true] {

@@ -376,12 +376,14 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
     let step = ex.on_request_headers(&pairs, input.headers_eos);
     // The client's x-envoy-* and provider-account headers go only on the API, never on a
     // path passed through; on the API every account header goes.
-    const ACCOUNT: [&str; 5] = [
+    const ACCOUNT: [&str; 7] = [
         "x-api-key",
         "api-key",
         "x-goog-api-key",
         "openai-organization",
         "openai-project",
+        "cookie",
+        "proxy-authorization",
     ];
     let api = !matches!(step.action, HeadersAction::Continue);
     for name in &step.remove {

@@ -27,6 +27,7 @@ fn a_minimal_chat_request_is_answered_in_openai_shape() {
     // But not what speaks for the provider's origin (the bootstrap's virtual host drops it).
     assert_eq!(r.header("alt-svc"), None, "{:?}", r.headers);
     assert_eq!(r.header("strict-transport-security"), None, "{:?}", r.headers);
+    assert_eq!(r.header("set-cookie"), None, "{:?}", r.headers);
     let v = r.json();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["model"], "fake/ok", "the client's model id, exactly");

@@ -303,6 +303,7 @@ fn origin_headers_stay_behind(gw: &Gateway) {
     assert_eq!(r.header("openai-processing-ms"), Some("3"), "{:?}", r.headers);
     assert_eq!(r.header("alt-svc"), None, "{:?}", r.headers);
     assert_eq!(r.header("strict-transport-security"), None, "{:?}", r.headers);
+    assert_eq!(r.header("set-cookie"), None, "{:?}", r.headers);
 }
 
 #[test]

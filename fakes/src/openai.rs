@@ -122,11 +122,15 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>, chat: bool) -> Repl
         .header("x-ratelimit-limit-tokens", "2000000")
         .header("x-ratelimit-remaining-tokens", "1999980")
         .header("x-ratelimit-reset-tokens", "0s")
-        // And, from its CDN, its own origin's policies.
+        // And, from its CDN, its own origin's policies and cookies.
         .header("alt-svc", "h3=\":443\"; ma=86400")
         .header(
             "strict-transport-security",
             "max-age=31536000; includeSubDomains; preload",
+        )
+        .header(
+            "set-cookie",
+            "__cf_bm=fake-bot-management; path=/; domain=.api.openai.com; HttpOnly; Secure; SameSite=None",
         );
     match directive {
         Directive::Slow(ms) => reply.delayed(ms),

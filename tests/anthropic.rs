@@ -24,6 +24,9 @@ fn the_provider_gets_the_messages_api_with_its_own_credential() {
             {"role": "user", "content": "two"}]}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+    // Anthropic names the operator's organization on every answer; the client never sees it.
+    assert_eq!(r.header("anthropic-organization-id"), None, "{:?}", r.headers);
+    assert!(r.header("request-id").is_some(), "{:?}", r.headers);
     let got = gw.fakes.received();
     assert_eq!(got.len(), 1);
     let req = &got[0];

@@ -28,6 +28,9 @@ fn a_minimal_chat_request_is_answered_in_openai_shape() {
     assert_eq!(r.header("alt-svc"), None, "{:?}", r.headers);
     assert_eq!(r.header("strict-transport-security"), None, "{:?}", r.headers);
     assert_eq!(r.header("set-cookie"), None, "{:?}", r.headers);
+    // Nor what names the operator's account with the provider.
+    assert_eq!(r.header("openai-organization"), None, "{:?}", r.headers);
+    assert_eq!(r.header("openai-project"), None, "{:?}", r.headers);
     let v = r.json();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["model"], "fake/ok", "the client's model id, exactly");
@@ -136,6 +139,7 @@ fn a_stream_is_rewritten_chunk_by_chunk_and_ends_with_done() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("content-type"), Some("text/event-stream"));
     assert_eq!(r.header("x-waygate-provider"), Some("fake"));
+    assert_eq!(r.header("openai-organization"), None, "{:?}", r.headers);
     let chunks = r.done_chunks();
     assert!(chunks.len() >= 12, "{chunks:?}");
     let id = chunks[0]["id"].as_str().unwrap();

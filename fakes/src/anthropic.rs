@@ -89,7 +89,9 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>) -> Reply {
     } else {
         Reply::json(200, &message(model, &id, &answer))
     };
-    let reply = reply.header("request-id", &request_id());
+    let reply = reply
+        .header("request-id", &request_id())
+        .header("anthropic-organization-id", "fake-0000-4000-8000-organization");
     match directive {
         Directive::Slow(ms) => reply.delayed(ms),
         Directive::Cut(n) => reply.cut(n),

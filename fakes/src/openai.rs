@@ -115,6 +115,8 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>, chat: bool) -> Repl
     // "Rate limits": HTTP headers); the gateway's limited keys tell theirs in the same names.
     let reply = reply
         .header("x-request-id", &request_id())
+        .header("openai-organization", OPENAI_ORGANIZATION)
+        .header("openai-project", "proj_fake")
         .header("openai-processing-ms", "3")
         .header("x-ratelimit-limit-requests", "10000")
         .header("x-ratelimit-remaining-requests", "9999")

@@ -322,10 +322,6 @@ fn request_headers(provider: &Provider, upstream: UpstreamRequest) -> (Vec<Heade
     (set, upstream.body)
 }
 
-/// A provider's answer headers that name the operator's account with it
-/// (contract §3): its organization and project. A client has no use for them.
-const ACCOUNT_ANSWER_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "anthropic-organization-id"];
-
 /// With router fallback, this request header (value `1`) selects the
 /// route that retries across clusters; that route removes it again.
 pub const ROUTED_HEADER: &str = "x-waygate-routed";
@@ -656,12 +652,11 @@ impl Exchange {
         self.response_step(pairs, ResponseAction::Buffer)
     }
 
-    /// `action`, with the upstream headers it lets through scrubbed, without
-    /// those that name the operator's account with the provider
-    /// ([`ACCOUNT_ANSWER_HEADERS`]), and for a limited key without the
-    /// provider's own `x-ratelimit-*`: they describe that account too, and
-    /// their names are the ones the key's limits are told in (contract
-    /// "Limits"), which would mix the two.
+    /// `action`, with the upstream headers it lets through scrubbed, and
+    /// for a limited key without the provider's own `x-ratelimit-*`: they
+    /// describe the operator's account with the provider, and their names
+    /// are the ones the key's limits are told in (contract "Limits"), which
+    /// would mix the two.
     fn response_step<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, pairs: &[(K, V)], action: ResponseAction) -> ResponseStep {
         if !matches!(action, ResponseAction::Stream { .. } | ResponseAction::Buffer) {
             return ResponseStep {
@@ -670,10 +665,10 @@ impl Exchange {
                 action,
             };
         }
-        let limited = self.record.standing.is_some();
-        let remove = names_where(pairs, |name, _| {
-            ACCOUNT_ANSWER_HEADERS.contains(&name) || (limited && name.starts_with("x-ratelimit-"))
-        });
+        let remove = match self.record.standing {
+            Some(_) => names_where(pairs, |name, _| name.starts_with("x-ratelimit-")),
+            None => Vec::new(),
+        };
         // A provider may echo its credential in a header, too.
         let scrub = self.scrub_headers(pairs);
         ResponseStep { scrub, remove, action }

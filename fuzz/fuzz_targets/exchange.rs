@@ -508,23 +508,11 @@ fn drive_body(
     if let Some(reset) = retry_after {
         head.push((b"x-ratelimit-reset".to_vec(), reset.to_vec()));
     }
-    // As OpenAI names the operator's organization on every answer.
-    head.push((b"openai-organization".to_vec(), b"org-operator".to_vec()));
     let step = ex.on_response_headers(&head, || details.map(|d| d.as_bytes().to_vec()), up.headers_only);
     seen.headers(&step.scrub);
-    // Only a provider's x-ratelimit-* go (under a limited key's own) and its account's name,
-    // which goes from every answer passed on.
+    // Only a provider's x-ratelimit-* go, and only under a limited key's own.
     for name in &step.remove {
-        assert!(
-            name.starts_with("x-ratelimit-") || name == "openai-organization",
-            "{name}"
-        );
-    }
-    if matches!(step.action, ResponseAction::Stream { .. } | ResponseAction::Buffer) {
-        assert!(
-            step.remove.iter().any(|n| n == "openai-organization"),
-            "the account's name passes"
-        );
+        assert!(name.starts_with("x-ratelimit-"), "{name}");
     }
     match step.action {
         ResponseAction::Continue => panic!("a forwarded request's answer is always ours"),

@@ -218,26 +218,6 @@ fn find_anchored(haystack: &[u8], needle: &[u8], anchor: usize, from: usize) -> 
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn client_text_is_one_log_field() {
-        assert_eq!(log_field("openai/gpt-4o-mini"), "openai/gpt-4o-mini");
-        assert_eq!(
-            log_field("models/gemini-2.5-pro:latest"),
-            "models/gemini-2.5-pro:latest"
-        );
-        assert_eq!(
-            log_field("fake/ok status=200\nwaygate access key=root"),
-            r#""fake/ok status=200\nwaygate access key=root""#
-        );
-        assert_eq!(log_field("say \"hi\"\u{1b}[31m"), r#""say \"hi\"\u{1b}[31m""#);
-        assert_eq!(log_field("caf\u{e9}"), "\"caf\u{e9}\"");
-        assert_eq!(log_field(""), "\"\"");
-        let long = "m".repeat(LOG_FIELD_CHARS + 1);
-        assert_eq!(log_field(&long), format!("\"{}…\"", &long[..LOG_FIELD_CHARS]));
-        let exact = "m".repeat(LOG_FIELD_CHARS);
-        assert_eq!(log_field(&exact), exact);
-    }
-
     use super::*;
 
     fn text(bytes: &[u8]) -> String {
@@ -316,5 +296,25 @@ mod tests {
                 assert_eq!(find(&hay, needle, from), plain, "{needle:?} from {from}");
             }
         }
+    }
+
+    #[test]
+    fn client_text_is_one_log_field() {
+        assert_eq!(log_field("openai/gpt-4o-mini"), "openai/gpt-4o-mini");
+        assert_eq!(
+            log_field("models/gemini-2.5-pro:latest"),
+            "models/gemini-2.5-pro:latest"
+        );
+        assert_eq!(
+            log_field("fake/ok status=200\nwaygate access key=root"),
+            r#""fake/ok status=200\nwaygate access key=root""#
+        );
+        assert_eq!(log_field("say \"hi\"\u{1b}[31m"), r#""say \"hi\"\u{1b}[31m""#);
+        assert_eq!(log_field("caf\u{e9}"), "\"caf\u{e9}\"");
+        assert_eq!(log_field(""), "\"\"");
+        let long = "m".repeat(LOG_FIELD_CHARS + 1);
+        assert_eq!(log_field(&long), format!("\"{}…\"", &long[..LOG_FIELD_CHARS]));
+        let exact = "m".repeat(LOG_FIELD_CHARS);
+        assert_eq!(log_field(&exact), exact);
     }
 }

@@ -241,20 +241,10 @@ fn limited_remaining(gw: &Gateway) -> String {
 /// returns once the provider got the request.
 fn stream_in_flight(gw: &Gateway) -> JoinHandle<Response> {
     let (addr, before) = (gw.addr, gw.fakes.received().len());
-    let auth = format!("Bearer {DEV_KEY}");
     let handle = std::thread::spawn(move || {
         let body = json!({"model": "fake/long-3000", "stream": true,
             "messages": [{"role": "user", "content": "hi"}]});
-        common::send_raw(
-            addr,
-            "POST",
-            "/api/v1/chat/completions",
-            &[
-                ("authorization", auth.as_bytes()),
-                ("content-type", b"application/json"),
-            ],
-            body.to_string().as_bytes(),
-        )
+        common::chat_to(addr, &body)
     });
     let deadline = Instant::now() + Duration::from_secs(5);
     while gw.fakes.received().len() == before {

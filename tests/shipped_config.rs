@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::envoy::Envoy;
 use common::ratelimit::{Redis, Rls};
-use common::{DEV_KEY, root, send_raw, wasm_path};
+use common::{root, send_raw, wasm_path};
 use serde_json::{Value, json};
 use serde_yaml::Value as Yaml;
 use waygate_fakes::FakeProviders;
@@ -286,26 +286,12 @@ fn access_line(gw: &Shipped, needle: &str) -> String {
     }
 }
 
-fn post_chat(addr: SocketAddr, body: &Value) -> common::Response {
-    let auth = format!("Bearer {DEV_KEY}");
-    send_raw(
-        addr,
-        "POST",
-        "/api/v1/chat/completions",
-        &[
-            ("authorization", auth.as_bytes()),
-            ("content-type", b"application/json"),
-        ],
-        body.to_string().as_bytes(),
-    )
-}
-
 #[test]
 fn shipped_config_serves_chat_completions_through_the_fake_provider() {
     let Some(gw) = start_shipped() else { return };
 
     // The README's curl: a provider-prefixed model through the `fake` cluster.
-    let r = post_chat(
+    let r = common::chat_to(
         gw.addr,
         &json!({"model": "fake/ok", "messages": [{"role": "user", "content": "hi"}]}),
     );
@@ -342,7 +328,7 @@ fn shipped_config_serves_chat_completions_through_the_fake_provider() {
     assert!(line.contains(" 200 - "), "no response flags: {line}");
 
     // A listed model of the shipped plugin configuration.
-    let r = post_chat(
+    let r = common::chat_to(
         gw.addr,
         &json!({"model": "demo/chat", "messages": [{"role": "user", "content": "hi"}]}),
     );
@@ -350,7 +336,7 @@ fn shipped_config_serves_chat_completions_through_the_fake_provider() {
     assert_eq!(r.json()["model"], "demo/chat");
 
     // Streaming passes the route's `timeout: 0s` and comes back as OpenAI chunks.
-    let r = post_chat(
+    let r = common::chat_to(
         gw.addr,
         &json!({"model": "fake/ok", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
     );
@@ -382,7 +368,7 @@ fn shipped_config_keeps_its_guards() {
     );
 
     // A real provider whose key variable is unset is never a candidate.
-    let r = post_chat(
+    let r = common::chat_to(
         gw.addr,
         &json!({"model": "openai/gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
     );

@@ -28,7 +28,7 @@ pub struct Stream {
     /// callback paused; `None` before. See [`Stream::finish_held`].
     held_max: Option<usize>,
     /// With router fallback, this request's count in [`routed`]'s registry.
-    routed_token: Option<u64>,
+    routed_count: Option<u64>,
     /// A size Envoy's body buffers are known to take: the listener's
     /// `per_connection_buffer_limit_bytes` must be above `max_request_bytes`
     /// for requests to pass at all (README, "Running it in Envoy").
@@ -45,7 +45,7 @@ impl Stream {
     pub fn new(config: Rc<Config>) -> Stream {
         Stream {
             envoy_buffer_floor: usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX),
-            routed_token: None,
+            routed_count: None,
             exchange: Exchange::new(config),
             started_ns: host::now_nanos(),
             usage_published: false,
@@ -215,7 +215,7 @@ impl Stream {
         }
         if let Some(attempts) = &forward.routed {
             let (count, token) = routed::register(Rc::clone(attempts));
-            self.routed_token = Some(count);
+            self.routed_count = Some(count);
             host::set_property(routed::TOKEN_PROPERTY, token.as_bytes())?;
         }
         Ok(())
@@ -224,7 +224,7 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if let Some(count) = self.routed_token {
+        if let Some(count) = self.routed_count {
             routed::forget(count);
         }
     }

@@ -411,6 +411,22 @@ impl Response {
     }
 }
 
+/// A chat completion `body` with the dev key to the gateway at `addr`, on a fresh
+/// connection.
+pub fn chat_to(addr: SocketAddr, body: &Value) -> Response {
+    let auth = format!("Bearer {DEV_KEY}");
+    send_raw(
+        addr,
+        "POST",
+        "/api/v1/chat/completions",
+        &[
+            ("authorization", auth.as_bytes()),
+            ("content-type", b"application/json"),
+        ],
+        body.to_string().as_bytes(),
+    )
+}
+
 /// One request on a fresh connection, headers as raw bytes so tests can send
 /// what a hostile client would.
 pub fn send_raw(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> Response {

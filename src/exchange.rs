@@ -1409,12 +1409,13 @@ fn starts_with_ignore_case(haystack: &[u8], prefix: &[u8]) -> bool {
         .is_some_and(|h| h.eq_ignore_ascii_case(prefix))
 }
 
-/// A client-supplied attribution header, made safe for one log line.
+/// A client-supplied attribution header, made safe for one log line (always
+/// quoted there, unlike [`redact::log_field`], as the contract's line shows it).
 fn printable(raw: &[u8]) -> String {
     String::from_utf8_lossy(raw)
         .chars()
         .filter(|c| !c.is_control())
-        .take(200)
+        .take(redact::LOG_FIELD_CHARS)
         .collect()
 }
 

@@ -38,7 +38,8 @@ pub fn scrub_from(bytes: &mut Vec<u8>, start: usize, secret: &str) {
     }
 }
 
-/// Most characters of client text a log field keeps (as for `X-Title`).
+/// Most characters of client text a log field keeps (`X-Title` and
+/// `HTTP-Referer` too).
 pub const LOG_FIELD_CHARS: usize = 200;
 
 /// Client text (a model name, a field name) as one field of a log line: as it

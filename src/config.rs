@@ -159,7 +159,7 @@ impl Config {
     /// provider clusters for router fallback: exactly `{"role": "upstream"}`.
     /// Its providers and keys are the downstream plugin's, in the same VM.
     pub fn is_upstream_role(json: &[u8]) -> bool {
-        let Ok(serde_json::Value::Object(members)) = serde_json::from_slice(json) else {
+        let Ok(serde_json::Value::Object(members)) = crate::json::dom::parse_slice(json) else {
             return false;
         };
         members.len() == 1 && members.get("role").and_then(serde_json::Value::as_str) == Some("upstream")
@@ -168,7 +168,7 @@ impl Config {
     /// Parses and validates the plugin configuration. `env` looks up a VM
     /// environment variable. On failure, every problem found is returned.
     pub fn parse(json: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Vec<String>> {
-        let raw: RawConfig = match serde_json::from_slice(json) {
+        let raw: RawConfig = match crate::json::from_bytes(json) {
             Ok(raw) => raw,
             Err(e) => return Err(vec![format!("configuration is not valid: {e}")]),
         };

@@ -21,13 +21,7 @@ pub fn parse(text: &str) -> Result<Value, serde_json::Error> {
 
 /// [`parse`] for bytes that may not be UTF-8 (the error then says where the bad byte is).
 pub fn parse_slice(bytes: &[u8]) -> Result<Value, serde_json::Error> {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => parse(text),
-        Err(e) => Err(serde::de::Error::custom(format_args!(
-            "invalid UTF-8 at byte {}",
-            e.valid_up_to()
-        ))),
-    }
+    parse(super::utf8(bytes)?)
 }
 
 /// Builds a `Value` with no key treated specially.

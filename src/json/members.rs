@@ -32,11 +32,7 @@ impl<'a> Members<'a> {
     pub fn parse(bytes: &'a [u8]) -> Result<Members<'a>, serde_json::Error> {
         // One UTF-8 check of the whole text: parsed as bytes, serde checks every
         // raw value again on its own.
-        match std::str::from_utf8(bytes) {
-            Ok(text) => Self::parse_str(text),
-            // serde's error names where the bad byte is.
-            Err(_) => serde_json::from_slice(bytes),
-        }
+        Self::parse_str(super::utf8(bytes)?)
     }
 
     /// [`Members::parse`] on text already known to be UTF-8 (not checked again).

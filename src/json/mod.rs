@@ -10,7 +10,7 @@
 //! - [`layout`]: a text recognised as laid out like an earlier one but for
 //!   one string (the OpenAI chunk copy path).
 //! - Here: a string's text from its JSON form, escapes included, exactly as
-//!   serde reads it.
+//!   serde reads it; and bytes read through serde's text reader only.
 
 pub mod dom;
 pub mod layout;
@@ -86,6 +86,21 @@ fn unescape(inner: &str) -> Option<String> {
         };
         text.push(c);
     }
+}
+
+/// Deserializes `bytes` through serde's text reader. serde_json compiles
+/// every type it reads once per reader, and reading from bytes too put a
+/// second copy of serde's parser and of the configuration's and the
+/// providers' answer types in the module: reading text only made it 44 KB
+/// smaller.
+pub fn from_bytes<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_str(utf8(bytes)?)
+}
+
+/// `bytes` as text, else an error that says where the bad byte is.
+pub fn utf8(bytes: &[u8]) -> Result<&str, serde_json::Error> {
+    std::str::from_utf8(bytes)
+        .map_err(|e| serde::de::Error::custom(format_args!("invalid UTF-8 at byte {}", e.valid_up_to())))
 }
 
 pub fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {

@@ -550,7 +550,7 @@ fn finish_reason(stop_reason: Option<&str>) -> &'static str {
 /// Translates a `message` into a `chat.completion`.
 pub fn translate_answer(request: &ParsedRequest, body: &[u8]) -> Result<(Value, Usage), String> {
     let message: WireMessage =
-        serde_json::from_slice(body).map_err(|e| format!("body is not an Anthropic message: {e}"))?;
+        crate::json::from_bytes(body).map_err(|e| format!("body is not an Anthropic message: {e}"))?;
     if message.kind != "message" {
         return Err(format!("answer has type '{}', not 'message'", message.kind));
     }

@@ -519,7 +519,7 @@ fn read_parts(parts: &[WirePart], (response_id, index): (Option<&str>, u64), fir
 /// Translates a `GenerateContentResponse` into a `chat.completion`.
 pub fn translate_answer(request: &ParsedRequest, body: &[u8]) -> Result<(Value, Usage), String> {
     let response: WireResponse =
-        serde_json::from_slice(body).map_err(|e| format!("body is not a Gemini response: {e}"))?;
+        crate::json::from_bytes(body).map_err(|e| format!("body is not a Gemini response: {e}"))?;
     let usage = response
         .usage_metadata
         .as_ref()

@@ -1790,7 +1790,8 @@ mod tests {
         assert!(set.contains(&("x-waygate-provider".into(), "an".into())), "{set:?}");
         let mut out = Vec::new();
         ex.on_stream_body(
-            b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"b\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+            b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"b\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n\
+              event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n",
             false,
             &mut out,
         );

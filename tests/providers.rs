@@ -161,6 +161,14 @@ fn a_parallel_tool_call_stream_has_tool_call_indexes_zero_and_one() {
         let (chunks, done) = stream_chunks(&gw.chat(body), &api.model("tools"));
         assert!(done, "{}", api.provider);
         assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        // No text at all, not even an empty one: clients such as the AI SDK
+        // open a text part for any `content` string (OpenAI sends `null`).
+        let texts: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c.pointer("/choices/0/delta/content"))
+            .filter(|content| !content.is_null())
+            .collect();
+        assert!(texts.is_empty(), "{}: {texts:?}", api.provider);
         // (id, name, arguments) per tool call index, the arguments joined from their pieces.
         let mut calls: Vec<(String, String, String)> = Vec::new();
         for delta in chunks

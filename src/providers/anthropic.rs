@@ -746,13 +746,11 @@ impl StreamTranslator for AnthropicStream {
                     };
                     items.push(StreamItem::Usage(self.usage));
                 }
-                // OpenAI's first chunk: the role, before any content. As an
-                // empty text delta, the rewriter writes the stream's first
-                // with the role, and no DOM.
-                items.push(StreamItem::Content {
-                    index: 0,
-                    text: String::new(),
-                });
+                // No chunk yet: the rewriter gives the role to the first one.
+                // An empty text delta here would tell clients the answer has
+                // text (`"content": ""`) before a tool call that has none: the
+                // AI SDK then opens an empty text part, where OpenAI's
+                // tool-call streams start with `"content": null`.
             }
             Event::ContentBlockStart { index, content_block } => self.block_start(index, content_block, items),
             Event::ContentBlockDelta { index, delta } => self.block_delta(index, delta, items),
@@ -1261,7 +1259,11 @@ mod tests {
         );
         assert_eq!(events.last().unwrap(), "[DONE]");
         let c = chunks(&events);
-        assert_eq!(c[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        // The role rides on the first text, as in a Gemini stream.
+        assert_eq!(
+            c[0]["choices"][0]["delta"],
+            json!({"role": "assistant", "content": "Olá! ("})
+        );
         assert_eq!(
             streamed_text(&c),
             "Olá! (That's \"hi\" in Portuguese)\n\nYou could also say \"Oi!\" which is a more casual way to say hi in Portuguese."
@@ -1408,11 +1410,12 @@ mod tests {
         for (event, expect) in cases {
             let input = format!("data: {start}\n\ndata: {event}\n\ndata: {{\"type\":\"message_stop\"}}\n\n");
             let events = stream(&hi(), input.as_bytes(), false);
-            let second: Value = serde_json::from_str(&events[1]).unwrap_or(Value::Null);
+            // message_start writes nothing: the event's own output comes first.
+            let first: Value = serde_json::from_str(&events[0]).unwrap_or(Value::Null);
             match expect {
-                None => assert_eq!(events[1], "[DONE]", "{event}: {events:?}"),
-                Some("!") => assert_eq!(second["error"]["code"], "stream_interrupted", "{event}: {events:?}"),
-                Some(text) => assert_eq!(second["choices"][0]["delta"]["content"], text, "{event}"),
+                None => assert_eq!(events[0], "[DONE]", "{event}: {events:?}"),
+                Some("!") => assert_eq!(first["error"]["code"], "stream_interrupted", "{event}: {events:?}"),
+                Some(text) => assert_eq!(first["choices"][0]["delta"]["content"], text, "{event}"),
             }
         }
         // An error event without details still ends the stream with one.

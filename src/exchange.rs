@@ -1118,10 +1118,20 @@ impl Exchange {
             .models
             .iter()
             .filter(|m| key.is_none_or(|k| auth::may_use(k, &m.id)))
-            .map(|m| {
+            .filter_map(|m| {
+                // Only the endpoints that can be tried: a provider without its
+                // credential never is (contract §5), and a model none of whose
+                // providers has one cannot be served, so it is not listed.
+                let providers: Vec<&str> = m
+                    .endpoints
+                    .iter()
+                    .filter(|e| e.provider.credential.is_some())
+                    .map(|e| e.provider.id.as_str())
+                    .collect();
                 let owner = m.id.split('/').next().unwrap_or_default();
-                let providers: Vec<&str> = m.endpoints.iter().map(|e| e.provider.id.as_str()).collect();
-                json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner, "providers": providers})
+                (!providers.is_empty()).then(
+                    || json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner, "providers": providers}),
+                )
             })
             .collect();
         let body = serde_json::to_vec(&json!({"object": "list", "data": data})).unwrap_or_default();

@@ -83,10 +83,20 @@ fn models_lists_what_the_key_may_use() {
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["demo/chat", "demo/keyless"]);
+    // demo/keyless's only provider has no credential: it could not be served.
+    assert_eq!(ids, ["demo/chat", "demo/spare"]);
     assert_eq!(
         v["data"][0],
         json!({"id": "demo/chat", "object": "model", "created": 0, "owned_by": "demo", "providers": ["fake"]})
+    );
+    // Only the providers that can be tried, and the model is served by them.
+    assert_eq!(v["data"][1]["providers"], json!(["fake"]));
+    let r = gw.chat(json!({"model": "demo/spare", "messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(
+        (r.status, r.header("x-waygate-provider")),
+        (200, Some("fake")),
+        "{}",
+        r.text()
     );
     let auth = format!("Bearer {NARROW_KEY}");
     let r = gw.send("GET", "/api/v1/models", &[("authorization", auth.as_str())], b"");

@@ -66,7 +66,7 @@ assert legacy.choices[0].text
 
 # Models listing.
 models = client.models.list()
-assert [m.id for m in models.data] == ["demo/chat", "demo/keyless"], models
+assert [m.id for m in models.data] == ["demo/chat", "demo/spare"], models
 
 # Errors arrive as the client's typed exceptions with the contract's codes.
 try:

@@ -98,7 +98,8 @@ pub fn test_plugin_config() -> Value {
         ],
         "models": [
             {"id": "demo/chat", "endpoints": [{"provider": "fake", "model": "ok"}]},
-            {"id": "demo/keyless", "endpoints": [{"provider": "nokey", "model": "ok"}]}
+            {"id": "demo/keyless", "endpoints": [{"provider": "nokey", "model": "ok"}]},
+            {"id": "demo/spare", "endpoints": [{"provider": "nokey", "model": "ok"}, {"provider": "fake", "model": "ok"}]}
         ]
     })
 }

@@ -239,10 +239,12 @@ def validate_rules(msg: Message, where: str, problems: Problems, partial: bool =
             for i, item in enumerate(value):
                 _validate_nested(item, f"{path}[{i}]", problems)
         elif present:
-            _validate_nested(value, path, problems)
+            # A MERGE's typed_config merges into the existing extension's (Istio merges
+            # the unpacked messages), so it too may leave out its required fields.
+            _validate_nested(value, path, problems, partial and value.DESCRIPTOR.full_name == "google.protobuf.Any")
 
 
-def _validate_nested(msg: Message, where: str, problems: Problems) -> None:
+def _validate_nested(msg: Message, where: str, problems: Problems, partial: bool = False) -> None:
     if msg.DESCRIPTOR.full_name == "google.protobuf.Any":
         if not msg.type_url:
             return
@@ -251,7 +253,7 @@ def _validate_nested(msg: Message, where: str, problems: Problems) -> None:
             return  # already reported by the parse
         inner = cls()
         msg.Unpack(inner)
-        validate_rules(inner, f"{where}<{inner.DESCRIPTOR.name}>", problems)
+        validate_rules(inner, f"{where}<{inner.DESCRIPTOR.name}>", problems, partial)
     else:
         validate_rules(msg, where, problems)
 

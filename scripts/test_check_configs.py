@@ -200,6 +200,15 @@ class CheckConfigsFails(unittest.TestCase):
         self.mutate("envoy/istio/waygate-filter.yaml", '"cluster_header":', '"clusterheader":')
         self.assert_fails("waygate-filter.yaml", "unknown field `clusterheader`")
 
+    def test_istio_local_reply_mapper_without_its_filter(self) -> None:
+        # The NETWORK_FILTER MERGE leaves out the connection manager's own required
+        # fields (Istio merges it into the gateway's); what it adds is checked whole.
+        text = (ROOT / "envoy/istio/waygate-filter.yaml").read_text()
+        start = text.index("            - filter:\n                extension_filter:")
+        end = text.index("              body_format_override:", start)
+        self.mutate("envoy/istio/waygate-filter.yaml", text[start:end], "            - status_code: 502\n")
+        self.assert_fails("waygate-filter.yaml", "filter: is required")
+
     def test_misspelled_envoyfilter_field(self) -> None:
         self.mutate("envoy/istio/waygate-filter.yaml", "configPatches:", "configPatch:")
         self.assert_fails("EnvoyFilter/waygate", "unknown field `configPatch`")

@@ -814,7 +814,46 @@ impl Exchange {
         }
         self.record.usage = rewriter.usage();
         if end_of_stream {
+            // An error event is an error answer: counted by its code.
+            self.record.error_code = rewriter.error_code().map(str::to_string);
             self.state = State::Done;
+        }
+    }
+
+    /// Envoy ended the answer itself, past the filter: the provider's
+    /// connection was reset, or its time ran out, after its headers had come
+    /// (`code_details` says which). Envoy then sends a held answer's 502 or
+    /// 504 straight to the client (the shipped listeners' local reply mapper
+    /// gives it the contract's body) and resets a live stream; no callback
+    /// tells the filter, so the record learns it here, at the log: the last
+    /// attempt failed, and the request ended as the client saw it.
+    pub fn on_ended_by_envoy(&mut self, code_details: &[u8]) {
+        let timeout = code_details == b"response_timeout";
+        if !timeout && !code_details.starts_with(b"upstream_reset_after_response_started") {
+            return;
+        }
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Buffering(..) => {
+                if let Some((_, outcome)) = self.record.attempts.last_mut() {
+                    *outcome = "error".into();
+                }
+                let e = if timeout {
+                    self.failed_timeout()
+                } else {
+                    self.failed_upstream()
+                };
+                self.record.status = e.status;
+                self.record.error_code = Some(e.code);
+            }
+            // Its status went out with its headers; the stream was cut.
+            State::Streaming(rewriter) => {
+                self.record.usage = rewriter.usage();
+                if let Some((_, outcome)) = self.record.attempts.last_mut() {
+                    *outcome = "error".into();
+                }
+                self.record.error_code = Some(providers::openai::STREAM_INTERRUPTED.into());
+            }
+            other => self.state = other,
         }
     }
 

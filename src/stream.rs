@@ -47,6 +47,8 @@ pub struct StreamRewriter {
     usage: Option<Usage>,
     role_sent: bool,
     finished: bool,
+    /// The `code` of the error event written, if the stream ended with one.
+    error_code: Option<String>,
     /// Scratch space reused across events.
     items: Vec<StreamItem>,
     scrubber: Option<Scrubber>,
@@ -80,6 +82,7 @@ impl StreamRewriter {
             usage: None,
             role_sent: false,
             finished: false,
+            error_code: None,
             items: Vec::new(),
             scrubber: None,
             translator,
@@ -120,6 +123,11 @@ impl StreamRewriter {
     /// Whether the stream ended, cleanly or with the error event.
     pub fn is_finished(&self) -> bool {
         self.finished
+    }
+
+    /// The `code` of the error event the stream ended with, if it did.
+    pub fn error_code(&self) -> Option<&str> {
+        self.error_code.as_deref()
     }
 
     /// Translates one chunk of provider bytes into `out`.
@@ -183,6 +191,7 @@ impl StreamRewriter {
             self.flush_held(out);
             write_data(out, &error.body());
             self.finished = true;
+            self.error_code = Some(error.code.clone());
             self.scrub(out, start);
         }
     }

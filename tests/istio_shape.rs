@@ -128,6 +128,7 @@ fn istio_bootstrap(objects: &[Yaml], fake_port: u16, router: bool, dir: &Path) -
     let discovered = patch_value(&waygate, "HTTP_FILTER", |p| p["patch"]["value"]["name"] == wasm["name"]);
     let waygate_filter = from_file(discovered, &dir.join("waygate.json"));
     let buffer_limit = patch_value(&waygate, "LISTENER", |_| true)["per_connection_buffer_limit_bytes"].clone();
+    let local_replies = patch_value(&waygate, "NETWORK_FILTER", |_| true)["typed_config"]["local_reply_config"].clone();
 
     // The VirtualService's routes, as Istio writes them.
     let vs = objects.iter().find(|o| o["kind"] == "VirtualService").unwrap();
@@ -235,6 +236,7 @@ fn istio_bootstrap(objects: &[Yaml], fake_port: u16, router: bool, dir: &Path) -
                 "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                     "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                         "stat_prefix": "waygate", "route_config": {"name": "http.8080", "virtual_hosts": [vhost]},
+                        "local_reply_config": serde_json::to_value(&local_replies).unwrap(),
                         "http_filters": [
                             waygate_filter,
                             {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}],
@@ -297,6 +299,13 @@ fn falls_back_to_the_next_provider(gw: &Gateway) {
 /// The VirtualService's provider routes drop what speaks for the provider's
 /// origin (the fake OpenAI sends it as OpenAI's CDN does). Asked after the
 /// fallback checks, which count what the providers received.
+/// A provider's answer cut after its headers: Envoy's own 502, shaped by the
+/// NETWORK_FILTER patch's local reply mappers.
+fn a_cut_answer_is_the_contracts_502(gw: &Gateway) {
+    let r = gw.chat(json!({"model": "openai/cut-3", "messages": [{"role": "user", "content": "hi"}]}));
+    r.assert_error(502, "upstream_error", "upstream_error", None);
+}
+
 fn origin_headers_stay_behind(gw: &Gateway) {
     let r = gw.chat(json!({"model": "openai/ok", "messages": [{"role": "user", "content": "hi"}]}));
     assert_eq!(r.status, 200, "{}", r.text());
@@ -311,6 +320,7 @@ fn the_istio_shape_falls_back_by_http_call_to_clusters_named_as_istio_names_them
     let gw = istio_gateway(false);
     falls_back_to_the_next_provider(&gw);
     origin_headers_stay_behind(&gw);
+    a_cut_answer_is_the_contracts_502(&gw);
 }
 
 #[test]
@@ -326,4 +336,5 @@ fn the_istio_router_fallback_patches_fall_back_through_the_router() {
     assert_eq!(got[1].header("x-envoy-attempt-count"), Some("2"));
     assert_eq!(got[3].header("x-envoy-attempt-count"), Some("2"));
     origin_headers_stay_behind(&gw);
+    a_cut_answer_is_the_contracts_502(&gw);
 }

@@ -298,6 +298,54 @@ fn a_stream_cut_mid_way_never_ends_with_done() {
     }
 }
 
+/// A provider's connection dropped after its answer's headers, before the filter had
+/// the whole answer (the fake's `cut-3` sends half a body, then closes): Envoy answers
+/// the client itself, past the filter, and no callback tells the filter. The shipped
+/// listener's local reply mapper gives that answer the contract's body; the filter's
+/// access line learns at the log that the attempt failed. A stream so cut was reset
+/// (its 200 had gone out), and its line says the attempt failed too.
+#[test]
+fn an_answer_cut_after_its_headers_is_the_contracts_502_and_logged_as_failed() {
+    let gw = Gateway::start();
+    for api in &APIS {
+        let r = gw.chat(api.ask("cut-3"));
+        r.assert_error(502, "upstream_error", "upstream_error", None);
+        assert_eq!(r.header("content-type"), Some("application/json"), "{}", api.provider);
+        assert_a_cut_stream_never_ends_with_done(&gw, &api.model("cut-3"));
+    }
+    let start = std::time::Instant::now();
+    let lines = loop {
+        let logs = gw.logs();
+        let lines: Vec<String> = logs
+            .lines()
+            .filter(|l| l.contains(": waygate access key="))
+            .map(str::to_string)
+            .collect();
+        if lines.len() >= 2 * APIS.len() || start.elapsed().as_secs() > 10 {
+            break lines;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    for api in &APIS {
+        let attempt = format!(" attempts={}:error ", api.provider);
+        let of_model: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains(&format!(" model={} ", api.model("cut-3"))))
+            .collect();
+        assert_eq!(of_model.len(), 2, "{lines:#?}");
+        assert!(
+            of_model[0].contains(&attempt) && of_model[0].contains(" status=502 "),
+            "{}",
+            of_model[0]
+        );
+        assert!(
+            of_model[1].contains(&attempt) && of_model[1].contains(" status=200 "),
+            "{}",
+            of_model[1]
+        );
+    }
+}
+
 #[test]
 fn legacy_completions_go_through_chat_both_ways() {
     for api in &APIS {

@@ -192,9 +192,12 @@ pub fn json_event(data: &str) -> Result<Value, ApiError> {
     Ok(value)
 }
 
+/// The `code` of the contract's mid-stream failure (§6).
+pub const STREAM_INTERRUPTED: &str = "stream_interrupted";
+
 /// The contract's mid-stream failure (§6).
 pub fn interrupted(message: &str) -> ApiError {
-    ApiError::new(502, ErrorType::Upstream, "stream_interrupted", message)
+    ApiError::new(502, ErrorType::Upstream, STREAM_INTERRUPTED, message)
 }
 
 /// `{"error": {"message": ..., "code": ...}}`, OpenAI's error shape.

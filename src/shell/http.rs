@@ -456,6 +456,13 @@ impl HttpContext for Stream {
     }
 
     fn on_log(&mut self) {
+        // An answer still held or streaming here did not end through the
+        // filter: Envoy ended it (read only then: a host call).
+        if matches!(self.exchange.stage(), Stage::Streaming | Stage::Buffering)
+            && let Some(details) = host::property(&["response", "code_details"])
+        {
+            self.exchange.on_ended_by_envoy(&details);
+        }
         // on_log runs for every stream, client disconnects included: the one
         // place where an answer's tokens are sure to be counted.
         self.publish_usage();

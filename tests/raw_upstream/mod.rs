@@ -339,6 +339,16 @@ fn serve(mut conn: TcpStream, stop: &AtomicBool, received: &Mutex<Vec<RawRequest
                     chunk(c, &event("more "))
                 })
             }),
+        // A non-stream answer's headers and a first piece of its body, then nothing:
+        // the attempt's time runs out with the answer held by the filter.
+        "stall-after-headers" => c
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"choices\":")
+            .map(|()| {
+                until_gone(Duration::from_secs(20), stop, || {
+                    std::thread::sleep(Duration::from_millis(10));
+                    Ok(())
+                })
+            }),
         // A non-stream answer that never ends.
         "endless-json" => c
             .write_all(
@@ -537,6 +547,11 @@ pub fn plugin_config(first_scenario: &str) -> Value {
     providers.push(
         json!({"id": "raw", "api": "openai", "cluster": "raw", "authority": "raw.local",
                           "path_prefix": "/v1", "api_key": RAW_OPENAI_KEY, "timeout_ms": 20000}),
+    );
+    // The raw upstream with a short time budget, for answers that come late.
+    providers.push(
+        json!({"id": "rawquick", "api": "openai", "cluster": "raw", "authority": "raw.local",
+                          "path_prefix": "/v1", "api_key": RAW_OPENAI_KEY, "timeout_ms": 500}),
     );
     providers.push(
         json!({"id": "rawanthropic", "api": "anthropic", "cluster": "raw", "authority": "raw.local",

@@ -151,7 +151,19 @@ fn validate_dom(
         Operation::Completions => match body.get("prompt") {
             None | Some(Value::Null) => return Err(missing("prompt")),
             Some(Value::String(_)) => {}
-            Some(_) => return Err(wrong_type("prompt", "a string")),
+            // OpenAI also takes a list of prompts, and clients send one in a list
+            // (LangChain's `OpenAI.invoke`); the gateway answers one prompt a request.
+            Some(Value::Array(items)) => match items.as_slice() {
+                [Value::String(_)] => {}
+                [_] => return Err(wrong_type("prompt.0", "a string")),
+                _ => {
+                    return Err(bad_value(
+                        "prompt",
+                        "must hold exactly one prompt: the gateway answers one prompt a request",
+                    ));
+                }
+            },
+            Some(_) => return Err(wrong_type("prompt", "a string or an array of one string")),
         },
     }
     validate_sampling(&body)?;
@@ -193,6 +205,15 @@ impl ApiError {
     fn with_param_none(mut self) -> Self {
         self.param = None;
         self
+    }
+}
+
+/// A legacy request's prompt, as [`parse`] accepted it: a string, or the one
+/// string of a list.
+pub(crate) fn prompt_text(body: &Map<String, Value>) -> &str {
+    match body.get("prompt") {
+        Some(Value::Array(items)) => items.first().and_then(Value::as_str).unwrap_or(""),
+        prompt => prompt.and_then(Value::as_str).unwrap_or(""),
     }
 }
 
@@ -516,9 +537,21 @@ mod tests {
     }
 
     #[test]
-    fn legacy_prompt_must_be_a_string() {
-        let e = parse(Operation::Completions, br#"{"model":"a/b","prompt":["x"]}"#).unwrap_err();
-        assert_eq!((e.code.as_str(), e.param.as_deref()), ("invalid_type", Some("prompt")));
-        parse(Operation::Completions, br#"{"model":"a/b","prompt":"x"}"#).unwrap();
+    fn legacy_prompt_is_one_string_alone_or_in_a_list() {
+        for body in [r#"{"model":"a/b","prompt":"x"}"#, r#"{"model":"a/b","prompt":["x"]}"#] {
+            let req = parse(Operation::Completions, body.as_bytes()).unwrap();
+            assert_eq!(prompt_text(req.body().unwrap()), "x", "{body}");
+        }
+        for (prompt, code, param) in [
+            (r#"["a","b"]"#, "invalid_value", "prompt"),
+            ("[]", "invalid_value", "prompt"),
+            ("[[1,2]]", "invalid_type", "prompt.0"),
+            ("[1]", "invalid_type", "prompt.0"),
+            ("5", "invalid_type", "prompt"),
+        ] {
+            let body = format!(r#"{{"model":"a/b","prompt":{prompt}}}"#);
+            let e = parse(Operation::Completions, body.as_bytes()).unwrap_err();
+            assert_eq!((e.code.as_str(), e.param.as_deref()), (code, Some(param)), "{body}");
+        }
     }
 }

@@ -282,8 +282,13 @@ fn bad_legacy_bodies_get_400() {
         (r#"{"model":"fake/ok"}"#, "missing_field", Some("prompt")),
         (
             r#"{"model":"fake/ok","prompt":["a","b"]}"#,
-            "invalid_type",
+            "invalid_value",
             Some("prompt"),
+        ),
+        (
+            r#"{"model":"fake/ok","prompt":[[1,2]]}"#,
+            "invalid_type",
+            Some("prompt.0"),
         ),
         (r#"{"prompt":"a"}"#, "missing_field", Some("model")),
         (

@@ -357,6 +357,38 @@ fn legacy_completions_go_through_chat_both_ways() {
     }
 }
 
+/// A legacy prompt in a list of one (LangChain's `OpenAI.invoke` sends `["..."]`; OpenAI
+/// takes lists) is that prompt for every API; a provider with native legacy completions
+/// gets the list as the client sent it.
+#[test]
+fn a_legacy_prompt_in_a_list_of_one_is_that_prompt() {
+    for api in &APIS {
+        let gw = Gateway::start();
+        let body = json!({"model": api.model("ok"), "prompt": ["Say hello"]});
+        let r = gw.post("/api/v1/completions", &body.to_string());
+        assert_eq!(r.status, 200, "{}: {}", api.provider, r.text());
+        assert_eq!(r.json()["choices"][0]["text"], api.hello, "{}", api.provider);
+        let sent = gw.fakes.received()[0].body_json().unwrap();
+        let (member, expected) = (api.prompt_as_chat)();
+        assert_eq!(sent[member], expected, "{}", api.provider);
+    }
+    let gw = Gateway::start();
+    let r = gw.post(
+        "/api/v1/completions",
+        &json!({"model": "fake/ok", "prompt": ["Say hello"]}).to_string(),
+    );
+    assert_eq!(
+        (r.status, r.json()["object"].clone()),
+        (200, json!("text_completion")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        gw.fakes.received()[0].body_json().unwrap()["prompt"],
+        json!(["Say hello"])
+    );
+}
+
 /// A provider cluster Envoy speaks HTTP/2 to (`http2_protocol_options`: one connection
 /// carries many streams, as operators set it for providers that offer it): every API's
 /// answer, stream, error and a streamed fallback come through as over HTTP/1.1.

@@ -174,7 +174,7 @@ pub(super) struct ToolCall<'a> {
 /// The conversation: `messages`, or the legacy `prompt` as one user message.
 pub(super) fn messages(request: &ParsedRequest) -> Result<Vec<Message<'_>>, ApiError> {
     if request.op == Operation::Completions {
-        let prompt = request.body()?.get("prompt").and_then(Value::as_str).unwrap_or("");
+        let prompt = crate::request::prompt_text(request.body()?);
         return Ok(vec![Message::User(vec![Part::Text(prompt)])]);
     }
     let Some(Value::Array(raw)) = request.body()?.get("messages") else {

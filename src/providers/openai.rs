@@ -85,7 +85,8 @@ fn legacy_to_chat(body: &mut Map<String, Value>) -> Result<(), ApiError> {
         }
         body.remove(field);
     }
-    let prompt = body.remove("prompt").unwrap_or(Value::String(String::new()));
+    let prompt = crate::request::prompt_text(body).to_string();
+    body.remove("prompt");
     body.insert("messages".into(), json!([{"role": "user", "content": prompt}]));
     Ok(())
 }

@@ -487,6 +487,8 @@ impl Exchange {
             return Err(too_large(cfg.max_request_bytes));
         }
         let request = request::parse(op, body)?;
+        // Logged from here on: a refused model (404, 403) is worth an operator's eye.
+        self.record.model = Some(request.model.clone());
         let defaults = routing::resolve(&cfg, &request.model)?;
         let key = self.record.key.clone();
         if key.as_ref().is_some_and(|k| !auth::may_use(k, &request.model)) {
@@ -522,7 +524,6 @@ impl Exchange {
             model: request.model.clone(),
             created: now,
         };
-        self.record.model = Some(request.model.clone());
         let asked = Asked { request, stamp };
         let mut refusal = None;
         let mut properties: Vec<(String, String)> = Vec::new();

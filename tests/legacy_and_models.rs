@@ -152,4 +152,15 @@ fn one_access_log_line_per_request_without_secrets() {
     for secret in [DEV_KEY, "fake-openai-key", "a secret prompt"] {
         assert!(!logs.contains(secret), "{secret} leaked into the log: {logs}");
     }
+    // A refused model is logged as the client named it too.
+    let r = gw.chat(json!({"model": "nosuch/model-x", "messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.status, 404, "{}", r.text());
+    let start = std::time::Instant::now();
+    while !gw
+        .logs()
+        .contains("model=nosuch/model-x provider=- attempts=- status=404 ")
+    {
+        assert!(start.elapsed().as_secs() < 5, "{}", gw.logs());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

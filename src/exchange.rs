@@ -380,7 +380,16 @@ impl Exchange {
                 self.state = State::Reading { op, key_headers };
                 HeadersAction::ReadBody
             }
-            Ok(None) => HeadersAction::Reply(self.reply(self.models_listing())),
+            Ok(None) => {
+                let reply = match sub.strip_prefix(b"/models/") {
+                    Some(id) => self.model_entry(id),
+                    None => Ok(self.models_listing()),
+                };
+                match reply {
+                    Ok(reply) => HeadersAction::Reply(self.reply(reply)),
+                    Err(e) => HeadersAction::Reply(self.reply_error(&e)),
+                }
+            }
             Err(e) => HeadersAction::Reply(self.reply_error(&e)),
         };
         HeadersStep { remove, action }
@@ -403,6 +412,7 @@ impl Exchange {
             b"/chat/completions" => (Some(Operation::Chat), "POST"),
             b"/completions" => (Some(Operation::Completions), "POST"),
             b"/models" => (None, "GET"),
+            _ if sub.starts_with(b"/models/") => (None, "GET"),
             _ => {
                 return Err(ApiError::new(
                     404,
@@ -1152,9 +1162,25 @@ impl Exchange {
     }
 
     fn models_listing(&self) -> Reply {
+        json_reply(&json!({"object": "list", "data": self.listed_models()}))
+    }
+
+    /// `GET /models/{id}` (`models.retrieve`): the entry the listing has for
+    /// `id`, sent as is or percent-encoded (the official clients send
+    /// `demo%2Fchat`); 404 `model_not_found` otherwise.
+    fn model_entry(&self, id: &[u8]) -> Result<Reply, ApiError> {
+        let id = percent_decoded(id);
+        self.listed_models()
+            .into_iter()
+            .find(|m| m.get("id").and_then(Value::as_str).map(str::as_bytes) == Some(id.as_slice()))
+            .map(|entry| json_reply(&entry))
+            .ok_or_else(|| routing::model_not_found(&String::from_utf8_lossy(&id)))
+    }
+
+    /// The listing's entries (contract §7).
+    fn listed_models(&self) -> Vec<Value> {
         let key = self.record.key.as_ref();
-        let data: Vec<Value> = self
-            .config
+        self.config
             .models
             .iter()
             .filter(|m| key.is_none_or(|k| auth::may_use(k, &m.id)))
@@ -1173,13 +1199,7 @@ impl Exchange {
                     || json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner, "providers": providers}),
                 )
             })
-            .collect();
-        let body = serde_json::to_vec(&json!({"object": "list", "data": data})).unwrap_or_default();
-        Reply {
-            status: 200,
-            headers: vec![("content-type".into(), "application/json".into())],
-            body,
-        }
+            .collect()
     }
 
     /// The access log line (contract §3: never a credential or a body).
@@ -1402,6 +1422,34 @@ fn retryable(status: u16, router_error: bool) -> bool {
 
 /// Envoy's own replies to an `http_call` (connect failure, reset, timeout),
 /// told apart from a provider's answer with the same status by their text.
+fn json_reply(value: &Value) -> Reply {
+    Reply {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: serde_json::to_vec(value).unwrap_or_default(),
+    }
+}
+
+/// A path segment with its `%XX` escapes decoded (a `%` not followed by two
+/// hex digits stays as it is).
+fn percent_decoded(segment: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| char::from(b).to_digit(16);
+    let mut out = Vec::with_capacity(segment.len());
+    let mut rest = segment;
+    while let Some((&b, tail)) = rest.split_first() {
+        if let (b'%', [hi, lo, after @ ..]) = (b, tail)
+            && let (Some(hi), Some(lo)) = (hex(*hi), hex(*lo))
+        {
+            out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'%'));
+            rest = after;
+            continue;
+        }
+        out.push(b);
+        rest = tail;
+    }
+    out
+}
+
 fn is_envoy_local_reply(status: u16, body: &[u8]) -> bool {
     match status {
         503 => body.starts_with(b"upstream connect error") || body.starts_with(b"no healthy upstream"),
@@ -1475,6 +1523,22 @@ mod tests {
     use crate::config::Keys;
     use crate::limits::tests::MemoryStore;
     use sha2::{Digest, Sha256};
+
+    #[test]
+    fn path_segments_are_percent_decoded() {
+        for (segment, decoded) in [
+            ("demo%2Fchat", "demo/chat"),
+            ("demo%2fchat", "demo/chat"),
+            ("a%20b%25", "a b%"),
+            ("plain", "plain"),
+            ("bad%2", "bad%2"),
+            ("bad%zz", "bad%zz"),
+            ("%", "%"),
+            ("%e2%9c%93", "✓"),
+        ] {
+            assert_eq!(percent_decoded(segment.as_bytes()), decoded.as_bytes(), "{segment}");
+        }
+    }
 
     const SECRET: &str = "sk-oa-secret-0123456789";
     const ANTHROPIC_SECRET: &str = "sk-an-secret-9876543210";

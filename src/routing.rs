@@ -19,6 +19,17 @@ pub struct Candidate {
     pub upstream_model: String,
 }
 
+/// 404 `model_not_found` for `model` (contract §4).
+pub fn model_not_found(model: &str) -> ApiError {
+    ApiError::new(
+        404,
+        ErrorType::InvalidRequest,
+        "model_not_found",
+        format!("The model '{model}' does not exist."),
+    )
+    .with_param("model")
+}
+
 /// Resolves a model id to its default candidates (contract §5 rules 1–3).
 pub fn resolve(config: &Config, model: &str) -> Result<Vec<Candidate>, ApiError> {
     if let Some(m) = config.models.iter().find(|m| m.id == model) {
@@ -31,15 +42,7 @@ pub fn resolve(config: &Config, model: &str) -> Result<Vec<Candidate>, ApiError>
             })
             .collect());
     }
-    let not_found = || {
-        ApiError::new(
-            404,
-            ErrorType::InvalidRequest,
-            "model_not_found",
-            format!("The model '{model}' does not exist."),
-        )
-        .with_param("model")
-    };
+    let not_found = || model_not_found(model);
     if model.is_empty() {
         return Err(bad_value("model", "must not be empty"));
     }

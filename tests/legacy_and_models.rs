@@ -98,9 +98,41 @@ fn models_lists_what_the_key_may_use() {
         "{}",
         r.text()
     );
+    // One entry (`models.retrieve`), its id as is or percent-encoded.
+    let auth = format!("Bearer {DEV_KEY}");
+    for path in [
+        "/api/v1/models/demo/chat",
+        "/api/v1/models/demo%2Fchat",
+        "/api/v1/models/demo%2fchat",
+    ] {
+        let r = gw.send("GET", path, &[("authorization", auth.as_str())], b"");
+        assert_eq!((r.status, r.json()), (200, v["data"][0].clone()), "{path}");
+    }
+    for path in [
+        "/api/v1/models/demo/keyless",
+        "/api/v1/models/nosuch",
+        "/api/v1/models/",
+    ] {
+        let r = gw.send("GET", path, &[("authorization", auth.as_str())], b"");
+        r.assert_error(404, "invalid_request_error", "model_not_found", Some("model"));
+    }
+    let r = gw.send(
+        "POST",
+        "/api/v1/models/demo/chat",
+        &[("authorization", auth.as_str())],
+        b"",
+    );
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET")));
     let auth = format!("Bearer {NARROW_KEY}");
     let r = gw.send("GET", "/api/v1/models", &[("authorization", auth.as_str())], b"");
     assert_eq!(r.json()["data"], json!([]), "the narrow key may use fake/ok* only");
+    let r = gw.send(
+        "GET",
+        "/api/v1/models/demo/chat",
+        &[("authorization", auth.as_str())],
+        b"",
+    );
+    r.assert_error(404, "invalid_request_error", "model_not_found", Some("model"));
     let r = gw.send("GET", "/api/v1/models", &[], b"");
     r.assert_error(401, "authentication_error", "missing_api_key", None);
 }

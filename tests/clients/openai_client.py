@@ -67,6 +67,14 @@ assert legacy.choices[0].text
 # Models listing.
 models = client.models.list()
 assert [m.id for m in models.data] == ["demo/chat", "demo/spare"], models
+# One model (the client sends its id percent-encoded: /models/demo%2Fchat).
+model = client.models.retrieve("demo/chat")
+assert (model.id, model.object, model.owned_by) == ("demo/chat", "model", "demo"), model
+try:
+    client.models.retrieve("demo/keyless")
+    raise AssertionError("expected NotFoundError")
+except openai.NotFoundError as e:
+    assert e.code == "model_not_found", e.body
 
 # Errors arrive as the client's typed exceptions with the contract's codes.
 try:

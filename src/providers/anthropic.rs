@@ -1251,6 +1251,21 @@ mod tests {
     // ---- streams
 
     #[test]
+    fn an_answer_without_content_still_gives_its_first_chunk_the_role() {
+        let input = b"data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3}}}\n\n\
+            data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":0}}\n\n\
+            data: {\"type\":\"message_stop\"}\n\n";
+        let events = stream(&hi(), input, false);
+        assert_eq!(events.last().unwrap(), "[DONE]");
+        let c = chunks(&events);
+        assert_eq!(
+            c[0]["choices"][0],
+            json!({"index": 0, "delta": {"role": "assistant"}, "finish_reason": "length"}),
+            "{events:?}"
+        );
+    }
+
+    #[test]
     fn the_recorded_text_stream_translates_under_every_chunking() {
         let events = stream(
             &hi(),

@@ -95,12 +95,18 @@ $(PYENV)/.installed: tests/clients/requirements.txt
 	$(PYENV)/bin/pip install -q -r tests/clients/requirements.txt
 	touch $@
 
+# The official OpenAI Node SDK and the Vercel AI SDK, pinned by their lock file.
+NODE_CLIENTS := tests/clients/node
+$(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json $(NODE_CLIENTS)/package-lock.json
+	npm ci --prefix $(NODE_CLIENTS) --no-audit --no-fund --silent
+	touch $@
+
 # Unit tests, the fakes' and the rate limit service's tests, and every integration test (tests/) through real Envoy; on
 # an Envoy with per-retry cluster choice the integration tests run a second time on
 # envoy/local-router.yaml (WAYGATE_TEST_FALLBACK=router, README "Routing and fallback").
 # Every run selects the whole workspace: cargo resolves features per selection, so a `-p`
 # run would rebuild the shared dependencies (a minute or more each time).
-test: build trapping-filter envoy redis $(PYENV)/.installed
+test: build trapping-filter envoy redis $(PYENV)/.installed $(NODE_CLIENTS)/node_modules/.installed
 	$(CARGO) test --release --workspace
 	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release --workspace --test '*')
 
@@ -110,7 +116,7 @@ trapping-filter: toolchain
 	$(CARGO) build -q --manifest-path tests/trapping_filter/Cargo.toml --target wasm32-wasip1 --release --target-dir target/trapping
 
 # Only the integration tests, through WAYGATE_ENVOY_VERSION (CI runs them on each version).
-test-integration: build trapping-filter envoy redis $(PYENV)/.installed
+test-integration: build trapping-filter envoy redis $(PYENV)/.installed $(NODE_CLIENTS)/node_modules/.installed
 	$(CARGO) test --release --workspace --test '*'
 	$(if $(ROUTER_FALLBACK),WAYGATE_TEST_FALLBACK=router $(CARGO) test --release --workspace --test '*')
 

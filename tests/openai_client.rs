@@ -1,6 +1,7 @@
-//! The official OpenAI Python client against the running gateway: what a real
-//! user's code sees (typed answers, stream iteration, typed exceptions).
-//! `make test` installs the pinned client into `target/pyenv`.
+//! The official OpenAI clients (Python, Node) and the Vercel AI SDK against the
+//! running gateway: what a real user's code sees (typed answers, stream iteration,
+//! typed exceptions). `make test` installs the pinned clients: Python's into
+//! `target/pyenv`, Node's into `tests/clients/node/node_modules`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
@@ -8,9 +9,8 @@ mod common;
 
 use common::{DEV_KEY, Gateway, root};
 
-/// Runs one of `tests/clients/` with the pinned client against a fresh
-/// gateway, from a developer's environment; the script asserts what it sees and ends by printing
-/// "all checks passed".
+/// Runs one of `tests/clients/` with the pinned Python client against a fresh
+/// gateway.
 fn run_client_script(script: &str, args: &[&str]) {
     let python = root().join("target/pyenv/bin/python");
     assert!(
@@ -18,10 +18,20 @@ fn run_client_script(script: &str, args: &[&str]) {
         "{} is missing: run `make test` (it installs the OpenAI client)",
         python.display()
     );
+    run_client(
+        &python.to_string_lossy(),
+        &root().join("tests/clients").join(script),
+        args,
+    );
+}
+
+/// Runs `script` with `program` against a fresh gateway, from a developer's
+/// environment; the script asserts what it sees and ends by printing "all checks passed".
+fn run_client(program: &str, script: &std::path::Path, args: &[&str]) {
     let gw = Gateway::start();
     let base_url = format!("http://{}/api/v1", gw.addr);
-    let out = std::process::Command::new(python)
-        .arg(root().join("tests/clients").join(script))
+    let out = std::process::Command::new(program)
+        .arg(script)
         .arg(&base_url)
         .arg(DEV_KEY)
         .args(args)
@@ -36,7 +46,8 @@ fn run_client_script(script: &str, args: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "{script} failed:\n{stdout}\n{stderr}\n--- gateway log ---\n{}",
+        "{} failed:\n{stdout}\n{stderr}\n--- gateway log ---\n{}",
+        script.display(),
         gw.logs()
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
@@ -58,4 +69,16 @@ fn the_official_python_client_works_against_anthropic_and_gemini_backed_models()
 #[test]
 fn the_official_python_client_works_over_http2() {
     run_client_script("openai_client.py", &["http2"]);
+}
+
+/// The official OpenAI Node SDK and the Vercel AI SDK (`tests/clients/node`, pinned by
+/// its lock file, installed by `make test`).
+#[test]
+fn the_official_node_client_and_the_ai_sdk_work_against_the_gateway() {
+    let script = root().join("tests/clients/node/clients.mjs");
+    assert!(
+        root().join("tests/clients/node/node_modules/openai").exists(),
+        "the Node clients are missing: run `make test` (it installs them)"
+    );
+    run_client("node", &script, &[]);
 }

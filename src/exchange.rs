@@ -1610,6 +1610,45 @@ mod tests {
         String::from_utf8_lossy(bytes).into_owned()
     }
 
+    /// What `ex` logs: its access line and stats.
+    fn logged(ex: &mut Exchange) -> Log {
+        let log = ex.on_log(
+            &mut MemoryStore::default(),
+            1,
+            metrics::Timing::default(),
+            2,
+            &mut metrics::OpenLabels::default(),
+        );
+        log.unwrap()
+    }
+
+    #[test]
+    fn an_answer_envoy_ended_past_the_filter_is_logged_as_it_ended() {
+        for (details, ended) in [
+            (
+                &b"upstream_reset_after_response_started{remote_reset}"[..],
+                " attempts=oa:error status=502 ",
+            ),
+            (b"response_timeout", " attempts=oa:error status=504 "),
+        ] {
+            let mut ex = forwarded("oa/x", false);
+            ex.on_response_headers(&head(200, "application/json"), via_upstream, false);
+            // The client gone is no failure of the provider's: the record stays.
+            ex.on_ended_by_envoy(b"downstream_remote_disconnect");
+            assert_eq!(ex.stage(), Stage::Buffering);
+            ex.on_ended_by_envoy(details);
+            let line = logged(&mut ex).line;
+            assert!(line.contains(ended), "{line}");
+        }
+        // A stream: its 200 went out; the attempt failed, counted as interrupted.
+        let mut ex = forwarded("oa/x", true);
+        ex.on_response_headers(&head(200, "text/event-stream"), via_upstream, false);
+        ex.on_ended_by_envoy(b"upstream_reset_after_response_started{connection_termination}");
+        assert_eq!(ex.record.error_code.as_deref(), Some("stream_interrupted"));
+        let line = logged(&mut ex).line;
+        assert!(line.contains(" attempts=oa:error status=200 "), "{line}");
+    }
+
     #[test]
     fn a_provider_echoing_its_credential_in_an_answer_is_redacted() {
         let mut ex = forwarded("oa/echo", false);
@@ -1766,15 +1805,7 @@ mod tests {
 
     /// The access line and the stats say the request ended as the contract's 500.
     fn assert_logged_as_internal_error(ex: &mut Exchange) {
-        let log = ex
-            .on_log(
-                &mut MemoryStore::default(),
-                1,
-                metrics::Timing::default(),
-                2,
-                &mut metrics::OpenLabels::default(),
-            )
-            .unwrap();
+        let log = logged(ex);
         assert!(log.line.contains("status=500"), "{}", log.line);
         assert!(
             log.metrics.iter().any(|u| u.name == "waygate.errors.internal_error"),
@@ -1978,17 +2009,7 @@ mod tests {
         let body: Value = serde_json::from_slice(&rewrite.body).unwrap();
         assert_eq!(body["error"]["code"], "rate_limited");
         assert_eq!(body["error"]["type"], "rate_limit_error");
-        let timing = metrics::Timing::default();
-        let line = ex
-            .on_log(
-                &mut MemoryStore::default(),
-                1,
-                timing,
-                5,
-                &mut metrics::OpenLabels::default(),
-            )
-            .unwrap()
-            .line;
+        let line = logged(&mut ex).line;
         assert!(
             line.contains("status=429") && line.contains("provider=- attempts=-"),
             "{line}"

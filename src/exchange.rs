@@ -1034,8 +1034,9 @@ impl Exchange {
             .attempts
             .iter()
             .map(|(p, outcome)| {
+                // `error` is every failure of Envoy's: its timeouts too.
                 let outcome = if outcome == "error" {
-                    "connect failure or reset"
+                    "connect failure, reset or timeout"
                 } else {
                     outcome
                 };

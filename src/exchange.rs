@@ -843,28 +843,31 @@ impl Exchange {
         if !timeout && !code_details.starts_with(b"upstream_reset_after_response_started") {
             return;
         }
-        match std::mem::replace(&mut self.state, State::Done) {
-            State::Buffering(..) => {
-                if let Some((_, outcome)) = self.record.attempts.last_mut() {
-                    *outcome = "error".into();
-                }
-                let e = if timeout {
-                    self.failed_timeout()
-                } else {
-                    self.failed_upstream()
-                };
-                self.record.status = e.status;
-                self.record.error_code = Some(e.code);
-            }
-            // Its status went out with its headers; the stream was cut.
+        let held = match std::mem::replace(&mut self.state, State::Done) {
+            State::Buffering(..) => true,
             State::Streaming(rewriter) => {
                 self.record.usage = rewriter.usage();
-                if let Some((_, outcome)) = self.record.attempts.last_mut() {
-                    *outcome = "error".into();
-                }
-                self.record.error_code = Some(providers::openai::STREAM_INTERRUPTED.into());
+                false
             }
-            other => self.state = other,
+            other => {
+                self.state = other;
+                return;
+            }
+        };
+        if let Some((_, outcome)) = self.record.attempts.last_mut() {
+            *outcome = "error".into();
+        }
+        if held {
+            let e = if timeout {
+                self.failed_timeout()
+            } else {
+                self.failed_upstream()
+            };
+            self.record.status = e.status;
+            self.record.error_code = Some(e.code);
+        } else {
+            // Its status went out with its headers; the stream was cut.
+            self.record.error_code = Some(providers::openai::STREAM_INTERRUPTED.into());
         }
     }
 
@@ -1421,8 +1424,7 @@ fn retryable(status: u16, router_error: bool) -> bool {
     router_error || matches!(status, 401 | 403 | 404 | 408 | 409 | 429) || (500..=599).contains(&status)
 }
 
-/// Envoy's own replies to an `http_call` (connect failure, reset, timeout),
-/// told apart from a provider's answer with the same status by their text.
+/// A 200 JSON answer of the filter's own (the models listing).
 fn json_reply(value: &Value) -> Reply {
     Reply {
         status: 200,
@@ -1451,6 +1453,8 @@ fn percent_decoded(segment: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Envoy's own replies to an `http_call` (connect failure, reset, timeout),
+/// told apart from a provider's answer with the same status by their text.
 fn is_envoy_local_reply(status: u16, body: &[u8]) -> bool {
     match status {
         503 => body.starts_with(b"upstream connect error") || body.starts_with(b"no healthy upstream"),

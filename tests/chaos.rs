@@ -19,7 +19,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{DEV_KEY, Gateway, Response};
+use common::{DEV_KEY, Gateway, Response, wait_for};
 use raw_upstream::Chaos;
 use serde_json::{Value, json};
 
@@ -231,14 +231,6 @@ fn chat(model: &str, stream: bool) -> Value {
 
 fn access_lines(c: &Chaos) -> usize {
     c.gw.logs().matches("waygate access").count()
-}
-
-fn wait_for(limit: Duration, what: &str, cond: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "{what} within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 // ---- the client's side ----------------------------------------------------------------

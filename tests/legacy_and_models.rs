@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{DEV_KEY, Gateway, NARROW_KEY};
+use std::time::Duration;
+
+use common::{DEV_KEY, Gateway, NARROW_KEY, wait_for};
 use serde_json::json;
 
 #[test]
@@ -187,12 +189,8 @@ fn one_access_log_line_per_request_without_secrets() {
     // A refused model is logged as the client named it too.
     let r = gw.chat(json!({"model": "nosuch/model-x", "messages": [{"role": "user", "content": "hi"}]}));
     assert_eq!(r.status, 404, "{}", r.text());
-    let start = std::time::Instant::now();
-    while !gw
-        .logs()
-        .contains("model=nosuch/model-x provider=- attempts=- status=404 ")
-    {
-        assert!(start.elapsed().as_secs() < 5, "{}", gw.logs());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for(Duration::from_secs(5), "the refused request's access line", || {
+        gw.logs()
+            .contains("model=nosuch/model-x provider=- attempts=- status=404 ")
+    });
 }

@@ -8,9 +8,11 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{
     Gateway, ask, assert_a_cut_stream_never_ends_with_done, assert_legacy_completions_go_through_chat, stream_chunks,
-    text_of, tools,
+    text_of, tools, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -313,19 +315,17 @@ fn an_answer_cut_after_its_headers_is_the_contracts_502_and_logged_as_failed() {
         assert_eq!(r.header("content-type"), Some("application/json"), "{}", api.provider);
         assert_a_cut_stream_never_ends_with_done(&gw, &api.model("cut-3"));
     }
-    let start = std::time::Instant::now();
-    let lines = loop {
+    let access_lines = || -> Vec<String> {
         let logs = gw.logs();
-        let lines: Vec<String> = logs
-            .lines()
+        logs.lines()
             .filter(|l| l.contains(": waygate access key="))
             .map(str::to_string)
-            .collect();
-        if lines.len() >= 2 * APIS.len() || start.elapsed().as_secs() > 10 {
-            break lines;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+            .collect()
     };
+    wait_for(Duration::from_secs(10), "the access lines", || {
+        access_lines().len() >= 2 * APIS.len()
+    });
+    let lines = access_lines();
     for api in &APIS {
         let attempt = format!(" attempts={}:error ", api.provider);
         let of_model: Vec<&String> = lines

@@ -665,3 +665,13 @@ pub fn stream_chunks(r: &Response, model: &str) -> (Vec<Value>, bool) {
     }
     (chunks, done)
 }
+
+/// Waits until `cond` holds, checking every 20 ms; fails naming `what` after `limit`
+/// (Envoy writes a request's log lines after its answer has gone).
+pub fn wait_for(limit: Duration, what: &str, cond: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "{what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use memchr::memmem::Finder;
 use serde_json::{Value, json};
 
 use crate::answer::{self, Stamp};
@@ -778,10 +779,10 @@ impl Exchange {
     /// value to set in place of every value of that name (joined with `, `).
     fn scrub_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, pairs: &[(K, V)]) -> Vec<Header> {
         let sent = self.sent_credentials();
-        let secrets: Vec<redact::Needle<'_>> = sent.iter().map(|s| redact::Needle::new(s.as_bytes())).collect();
+        let secrets: Vec<Finder<'_>> = sent.iter().map(Finder::new).collect();
         let mut scrubbed: Vec<Header> = Vec::new();
         for (name, value) in pairs {
-            if !secrets.iter().any(|s| s.find(value.as_ref(), 0).is_some()) {
+            if !secrets.iter().any(|s| s.find(value.as_ref()).is_some()) {
                 continue;
             }
             let Ok(name) = std::str::from_utf8(name.as_ref()) else {
@@ -1472,9 +1473,9 @@ fn key_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)], authorization: 
     if token.len() < redact::MIN_LEN {
         return Vec::new();
     }
-    let token = redact::Needle::new(token);
+    let token = Finder::new(token);
     names_where(pairs, |name, value| {
-        name != "authorization" && token.find(value, 0).is_some()
+        name != "authorization" && token.find(value).is_some()
     })
 }
 

@@ -19,8 +19,7 @@
 //!
 //! [`config`] parses the plugin configuration once per VM; [`json`] is the
 //! JSON toolkit (a literal DOM reader, one-pass member reads and walks,
-//! targeted rewrites, OpenAI chunks recognised by their layout); [`scan`]
-//! has the word-at-a-time byte searches of the hot paths.
+//! targeted rewrites).
 
 pub mod answer;
 pub mod attempts;
@@ -37,7 +36,6 @@ pub mod providers;
 pub mod redact;
 pub mod request;
 pub mod routing;
-pub mod scan;
 pub mod sse;
 pub mod stream;
 pub mod usage;

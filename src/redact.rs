@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use crate::scan;
+use memchr::memmem::Finder;
 
 /// What a scrubbed credential becomes.
 pub const REDACTED: &str = "[redacted]";
@@ -21,19 +21,14 @@ pub const REDACTED: &str = "[redacted]";
 pub const MIN_LEN: usize = 8;
 
 /// Replaces every occurrence of `secret` in `bytes`, as is and as it looks
-/// inside a JSON string, with [`REDACTED`].
+/// inside a JSON string, with [`REDACTED`]. Runs on every held answer, so it
+/// allocates only when it finds something (or for a secret with characters
+/// JSON escapes).
 pub fn scrub(bytes: &mut Vec<u8>, secret: &str) {
-    scrub_from(bytes, 0, secret);
-}
-
-/// [`scrub`] on what was appended to `bytes` after `start`. Runs on every
-/// answer, so it allocates only when it finds something (or for a secret
-/// with characters JSON escapes).
-pub fn scrub_from(bytes: &mut Vec<u8>, start: usize, secret: &str) {
     if secret.len() >= MIN_LEN {
-        replace_all(bytes, start, secret.as_bytes(), anchor(secret.as_bytes()));
+        replace_all(bytes, 0, &Finder::new(secret));
         if let Some(escaped) = escaped_form(secret) {
-            replace_all(bytes, start, escaped.as_bytes(), anchor(escaped.as_bytes()));
+            replace_all(bytes, 0, &Finder::new(&escaped));
         }
     }
 }
@@ -58,25 +53,21 @@ pub fn log_field(text: &str) -> Cow<'_, str> {
 }
 
 /// A credential made ready for scrubbing many outputs (a stream scrubs
-/// every callback's): its JSON-escaped form and where each search starts,
-/// worked out once.
+/// every callback's): its searches, as is and JSON-escaped, built once.
 pub struct Secret {
     plain: String,
-    anchor: usize,
+    finder: Finder<'static>,
     /// The secret as it looks inside a JSON string, when that differs
-    /// (usual keys have nothing JSON escapes), and its anchor.
-    escaped: Option<(String, usize)>,
+    /// (usual keys have nothing JSON escapes).
+    escaped: Option<Finder<'static>>,
 }
 
 impl Secret {
     pub fn new(secret: &str) -> Secret {
         Secret {
             plain: secret.to_string(),
-            anchor: anchor(secret.as_bytes()),
-            escaped: escaped_form(secret).map(|escaped| {
-                let at = anchor(escaped.as_bytes());
-                (escaped, at)
-            }),
+            finder: Finder::new(secret).into_owned(),
+            escaped: escaped_form(secret).map(|escaped| Finder::new(&escaped).into_owned()),
         }
     }
 
@@ -86,7 +77,7 @@ impl Secret {
 
     /// Whether the secret itself occurs in `bytes`.
     pub fn occurs_in(&self, bytes: &[u8]) -> bool {
-        find_anchored(bytes, self.plain.as_bytes(), self.anchor, 0).is_some()
+        self.finder.find(bytes).is_some()
     }
 
     /// Replaces every occurrence after `start`, in either form, with [`REDACTED`].
@@ -94,9 +85,9 @@ impl Secret {
         if self.plain.len() < MIN_LEN {
             return;
         }
-        replace_all(bytes, start, self.plain.as_bytes(), self.anchor);
-        if let Some((escaped, at)) = &self.escaped {
-            replace_all(bytes, start, escaped.as_bytes(), *at);
+        replace_all(bytes, start, &self.finder);
+        if let Some(escaped) = &self.escaped {
+            replace_all(bytes, start, escaped);
         }
     }
 }
@@ -111,110 +102,22 @@ fn escaped_form(secret: &str) -> Option<String> {
     quoted.get(1..quoted.len().saturating_sub(1)).map(str::to_string)
 }
 
-fn replace_all(bytes: &mut Vec<u8>, start: usize, needle: &[u8], anchor: usize) {
-    let Some(mut at) = find_anchored(bytes, needle, anchor, start) else {
+fn replace_all(bytes: &mut Vec<u8>, start: usize, needle: &Finder<'_>) {
+    let Some(tail) = bytes.get(start..) else { return };
+    // Occurrences that do not overlap, in order.
+    let mut found = needle.find_iter(tail).map(|at| at.saturating_add(start)).peekable();
+    if found.peek().is_none() {
         return;
-    };
+    }
     let mut out = Vec::with_capacity(bytes.len());
     let mut from = 0;
-    loop {
+    for at in found {
         out.extend_from_slice(bytes.get(from..at).unwrap_or_default());
         out.extend_from_slice(REDACTED.as_bytes());
-        from = at.saturating_add(needle.len());
-        match find_anchored(bytes, needle, anchor, from) {
-            Some(next) => at = next,
-            None => break,
-        }
+        from = at.saturating_add(needle.needle().len());
     }
     out.extend_from_slice(bytes.get(from..).unwrap_or_default());
     *bytes = out;
-}
-
-/// Bytes to search for, with the byte the search looks for first, chosen
-/// once (it costs a pass over the needle).
-#[derive(Clone, Copy)]
-pub struct Needle<'n> {
-    bytes: &'n [u8],
-    anchor: usize,
-}
-
-impl<'n> Needle<'n> {
-    pub fn new(bytes: &'n [u8]) -> Self {
-        Needle {
-            bytes,
-            anchor: anchor(bytes),
-        }
-    }
-
-    /// The first occurrence in `haystack` at or after `from` (never for an
-    /// empty needle).
-    pub fn find(&self, haystack: &[u8], from: usize) -> Option<usize> {
-        find_anchored(haystack, self.bytes, self.anchor, from)
-    }
-}
-
-/// Where in `needle` a search starts: its byte least common in the JSON
-/// and prose it is searched in. Every byte the word scan stops at costs a
-/// comparison; a key's first byte (`s` of `sk-`) is everywhere, an
-/// uppercase letter or a digit of it rarely is.
-fn anchor(needle: &[u8]) -> usize {
-    let mut best = (u8::MAX, 0);
-    for (at, b) in needle.iter().enumerate() {
-        let common = COMMONNESS.get(usize::from(*b)).copied().unwrap_or(u8::MAX);
-        if common < best.0 {
-            best = (common, at);
-        }
-    }
-    best.1
-}
-
-/// Letters from the rarest in English to the most common.
-const LETTERS_BY_FREQUENCY: &[u8; 26] = b"zqxjkvbpygfwmucldrhsnioate";
-
-/// How common each byte is in JSON text, lower for rarer: uppercase
-/// letters, then digits and uncommon punctuation, then lowercase letters,
-/// then what every JSON object is made of.
-// Evaluated at compile time: an index out of range fails the build, never the filter.
-#[allow(clippy::indexing_slicing)]
-const COMMONNESS: [u8; 256] = {
-    let mut table = [50u8; 256];
-    let mut b = b'0';
-    while b <= b'9' {
-        table[b as usize] = 40;
-        b += 1;
-    }
-    let mut rank = 0;
-    while rank < 26 {
-        let letter = LETTERS_BY_FREQUENCY[rank];
-        table[letter.to_ascii_uppercase() as usize] = rank as u8;
-        table[letter as usize] = 60 + rank as u8;
-        rank += 1;
-    }
-    let common = b"\":,{}[]_-. \n";
-    let mut i = 0;
-    while i < common.len() {
-        table[common[i] as usize] = 120;
-        i += 1;
-    }
-    table
-};
-
-/// [`Needle::find`], looking first for the needle's byte at `anchor`.
-fn find_anchored(haystack: &[u8], needle: &[u8], anchor: usize, from: usize) -> Option<usize> {
-    let &byte = needle.get(anchor)?;
-    let mut start = from.checked_add(anchor)?;
-    while let Some(tail) = haystack.get(start..) {
-        let hit = start.saturating_add(scan::position_of(tail, byte)?);
-        let at = hit.wrapping_sub(anchor);
-        if haystack
-            .get(at..at.saturating_add(needle.len()))
-            .is_some_and(|found| scan::same(found, needle))
-        {
-            return Some(at);
-        }
-        start = hit.saturating_add(1);
-    }
-    None
 }
 
 #[cfg(test)]
@@ -243,60 +146,13 @@ mod tests {
     }
 
     #[test]
-    fn scrub_from_leaves_what_came_before() {
-        let mut bytes = b"SECRET-KEY|SECRET-KEY".to_vec();
-        scrub_from(&mut bytes, 10, "SECRET-KEY");
-        assert_eq!(text(&bytes), "SECRET-KEY|[redacted]");
-    }
-
-    fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-        Needle::new(needle).find(haystack, from)
-    }
-
-    #[test]
-    fn find_finds_the_first_match_only() {
-        assert_eq!(find(b"abcabd", b"abd", 0), Some(3));
-        assert_eq!(find(b"abab", b"ab", 1), Some(2));
-        assert_eq!(find(b"ab", b"abc", 0), None);
-        assert_eq!(find(b"abc", b"", 0), None);
-        assert_eq!(find(b"abc", b"c", 9), None);
-    }
-
-    #[test]
-    fn searches_start_from_the_rarest_byte() {
-        assert_eq!(anchor(b"sk-proj-abQ9z"), 10);
-        assert_eq!(anchor(b"fake-openai-key"), 2);
-        assert_eq!(anchor(b"12-ab"), 0);
-        let mut bytes = b"sk-proj-abQ9z sk-proj-abQ9 sk-proj-abQ9z".to_vec();
+    fn a_secret_scrubs_only_after_where_it_is_told_to_start() {
+        let mut bytes = b"sk-proj-abQ9z sk-proj-abQ9 sk-proj-abQ9zsk-proj-abQ9z".to_vec();
         Secret::new("sk-proj-abQ9z").scrub_from(&mut bytes, 1);
-        assert_eq!(text(&bytes), "sk-proj-abQ9z sk-proj-abQ9 [redacted]");
-    }
-
-    #[test]
-    fn find_agrees_with_a_plain_search_at_every_position() {
-        let hay: Vec<u8> = (0..70u8)
-            .map(|i| if i % 9 == 0 { 0xff } else { b'a' + i % 5 })
-            .collect();
-        // Anchored at their first, a middle and their last byte.
-        for needle in [
-            &b"\xffa"[..],
-            b"cd",
-            b"e",
-            b"\xff",
-            b"zz",
-            b"abcde",
-            b"cdeab",
-            b"dab",
-            b"eab\xff",
-        ] {
-            for from in 0..=hay.len() + 1 {
-                let plain = hay
-                    .get(from..)
-                    .and_then(|t| t.windows(needle.len()).position(|w| w == needle))
-                    .map(|p| p + from);
-                assert_eq!(find(&hay, needle, from), plain, "{needle:?} from {from}");
-            }
-        }
+        assert_eq!(text(&bytes), "sk-proj-abQ9z sk-proj-abQ9 [redacted][redacted]");
+        let mut bytes = b"aaaaaaaaa".to_vec();
+        scrub(&mut bytes, "aaaaaaaa");
+        assert_eq!(text(&bytes), "[redacted]a");
     }
 
     #[test]

@@ -13,8 +13,6 @@
 //! and no allocation; the others are assembled in a buffer the decoder
 //! keeps for the next.
 
-use crate::scan;
-
 /// One dispatched event: its joined `data:` lines. The `event:` name is not
 /// kept: no translator needs it (Anthropic repeats it as the data's `type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,35 +57,9 @@ impl Default for SseDecoder {
     }
 }
 
-/// Where the first line of `bytes` ends: its `\n` or `\r`, and the line
-/// itself as text when it is all ASCII (so needs no UTF-8 check). The
-/// search stops at any byte below 0x0E (one test per word, where two bytes
-/// take two) and goes on past the others (a tab, rarely anything else).
-fn line_end(bytes: &[u8]) -> Option<(usize, Option<&str>)> {
-    let (mut from, mut ascii) = (0usize, true);
-    loop {
-        let (found, ascii_before) = scan::position_below_ascii(bytes.get(from..)?, 0x0E);
-        let at = from.wrapping_add(found?);
-        ascii &= ascii_before;
-        if matches!(bytes.get(at), Some(b'\n' | b'\r')) {
-            let line = bytes.get(..at)?;
-            return Some((at, ascii.then(|| ascii_text(line))));
-        }
-        from = at.wrapping_add(1);
-    }
-}
-
-/// `line` as text, the caller having found it all ASCII: a UTF-8 check
-/// (about three wasm operators a byte) would only say so again.
-#[allow(unsafe_code)]
-fn ascii_text(line: &[u8]) -> &str {
-    debug_assert!(line.is_ascii());
-    // SAFETY: ASCII bytes are valid UTF-8. `line_end`, the one caller,
-    // passes a line every byte of which `position_below_ascii` saw below
-    // 0x80 (a tab or other low byte it went past included, each below
-    // 0x0E), a scan checked against `is_ascii` at every offset and length
-    // in `scan`'s tests.
-    unsafe { std::str::from_utf8_unchecked(line) }
+/// Where the first line of `bytes` ends: its `\n` or `\r`.
+fn line_end(bytes: &[u8]) -> Option<usize> {
+    memchr::memchr2(b'\n', b'\r', bytes)
 }
 
 /// What one complete line says.
@@ -100,18 +72,6 @@ enum Line<'l> {
     Skipped,
 }
 
-/// `value`, the end of a line, as text: the same bytes of the line's
-/// `ascii` text when it has one, else checked.
-fn as_text<'l>(value: &'l [u8], ascii: Option<&'l str>) -> Result<&'l str, std::str::Utf8Error> {
-    let tail = ascii
-        .and_then(|line| line.get(line.len().wrapping_sub(value.len())..))
-        .filter(|tail| tail.as_ptr() == value.as_ptr());
-    match tail {
-        Some(text) => Ok(text),
-        None => std::str::from_utf8(value),
-    }
-}
-
 fn read_line(line: &[u8]) -> Line<'_> {
     // The lines of nearly every event, told by their first bytes (a slice
     // comparison would be a call to wasm's byte-at-a-time `memcmp`).
@@ -121,7 +81,7 @@ fn read_line(line: &[u8]) -> Line<'_> {
         [b'e', b'v', b'e', b'n', b't', b':', ..] => return Line::Skipped,
         _ => {}
     }
-    let (name, value) = match scan::position_of(line, b':') {
+    let (name, value) = match memchr::memchr(b':', line) {
         Some(at) => {
             let (name, rest) = line.split_at(at);
             let value = rest.get(1..).unwrap_or(&[]);
@@ -166,7 +126,7 @@ impl SseDecoder {
         // yet copied: if its blank line is here too, it is handed out as is.
         let mut in_place: Option<&'c str> = None;
         loop {
-            let Some((at, ascii)) = line_end(chunk) else {
+            let Some(at) = line_end(chunk) else {
                 if let Some(text) = in_place {
                     self.data.push_str(text);
                 }
@@ -209,7 +169,7 @@ impl SseDecoder {
                         None => self.held_event(),
                     }));
                 }
-                Line::Data(value) => match (self.has_data, as_text(value, ascii)) {
+                Line::Data(value) => match (self.has_data, std::str::from_utf8(value)) {
                     (false, Ok(text)) => {
                         in_place = Some(text);
                         self.has_data = true;
@@ -370,17 +330,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_value_is_taken_from_its_lines_ascii_text_only_where_it_lies_in_it() {
-        let line = "data: hi";
-        let value = &line.as_bytes()[6..];
-        assert_eq!(as_text(value, Some(line)).unwrap().as_ptr(), value.as_ptr());
-        // The same length elsewhere is checked on its own bytes.
-        assert_eq!(as_text(b"zz", Some(line)), Ok("zz"));
-        assert!(as_text(&[0xff, b'a'], Some(line)).is_err());
-        assert_eq!(as_text("é".as_bytes(), None), Ok("é"));
-    }
-
-    #[test]
     fn lf_crlf_and_cr_line_endings_frame_the_same() {
         let expect = vec![ev("a"), ev("b\nc")];
         assert_eq!(decode_all(b"data: a\n\nevent: x\ndata: b\ndata: c\n\n"), expect);
@@ -419,8 +368,8 @@ pub(crate) mod tests {
 
     #[test]
     fn only_line_feeds_and_carriage_returns_end_lines() {
-        // The line search stops at every byte below 0x0E and must go on
-        // past those that end nothing.
+        // Other control characters, a vertical tab and a form feed
+        // included, are the line's.
         let input = b"data: a\tb\x0bc\x0cd\x00e\x01\n\ndata: \t\r\n\r\n";
         assert_eq!(decode_all(input), vec![ev("a\tb\u{b}c\u{c}d\u{0}e\u{1}"), ev("\t")]);
     }

@@ -19,16 +19,16 @@ use serde_json::{Value, json};
 use crate::answer::{Stamp, text_stream_choice};
 use crate::errors::ApiError;
 use crate::json::json_text;
+use crate::json::split::string_stop_from;
 use crate::providers::openai::interrupted;
 use crate::providers::{StreamItem, StreamTranslator};
 use crate::redact::{self, REDACTED};
 use crate::request::Operation;
-use crate::scan;
 use crate::sse::{DONE, SseDecoder, SseError, SseEvent, write_data};
 use crate::usage::Usage;
 
 mod chunk;
-use chunk::{ChoiceRead, ChunkRead, Preamble, read_chunk};
+use chunk::{ChoiceRead, ChunkRead, read_chunk};
 
 /// An empty list of another lifetime in `spare`'s allocation: std collects
 /// a vector's iterator in place when the items have one layout, and no item
@@ -60,8 +60,6 @@ pub struct StreamRewriter {
     /// The provider's events are OpenAI chat chunks: after the first, most
     /// are copied member by member ([`StreamRewriter::copy_chunk`]).
     copy_chunks: bool,
-    /// What the last copied chunk held before its `choices`.
-    preamble: Preamble,
     /// The allocations of a copied chunk's lists, kept for the next.
     spare_choices: Vec<ChoiceRead<'static>>,
     spare_texts: Vec<Option<Option<Cow<'static, str>>>>,
@@ -89,7 +87,6 @@ impl StreamRewriter {
             content_open: [chunk_open.as_slice(), CONTENT_OPEN].concat(),
             chunk_open,
             copy_chunks,
-            preamble: Preamble::default(),
             spare_choices: Vec::new(),
             spare_texts: Vec::new(),
             extras: Vec::new(),
@@ -413,7 +410,7 @@ impl StreamRewriter {
         let mut extras = std::mem::take(&mut self.extras);
         let mut texts = recycle(std::mem::take(&mut self.spare_texts));
         let choices = recycle(std::mem::take(&mut self.spare_choices));
-        let copied = match read_chunk(data, &mut self.preamble, &mut extras, choices) {
+        let copied = match read_chunk(data, &mut extras, choices) {
             Some(chunk) => {
                 let copied = self.copy_read(&chunk, &extras, &mut texts, out);
                 self.spare_choices = recycle(chunk.choices_read);
@@ -521,10 +518,7 @@ impl StreamRewriter {
             }
             None => out.extend_from_slice(choices.as_bytes()),
         }
-        // Provider extras, as they came: those before `choices` written once per preamble.
-        if chunk.after_preamble {
-            out.extend_from_slice(self.preamble.extras());
-        }
+        // Provider extras, as they came.
         out.extend_from_slice(extras);
         out.extend_from_slice(b"}\n\n");
         true
@@ -577,7 +571,7 @@ fn push_decimal(out: &mut Vec<u8>, n: u64) {
 /// finds that, and the text is copied between quotes, where serde's
 /// escaping looks up every byte.
 fn push_json_string(out: &mut Vec<u8>, text: &str) {
-    if scan::string_stop_from(text.as_bytes(), 0) == text.len() {
+    if string_stop_from(text.as_bytes(), 0) == text.len() {
         out.push(b'"');
         out.extend_from_slice(text.as_bytes());
         out.push(b'"');
@@ -687,8 +681,7 @@ impl Scrubber {
             .filter(|k| secret.is_char_boundary(*k))
             .filter_map(|k| {
                 let (start, rest) = (secret.get(..k)?, secret.get(k..)?);
-                (scan::ends_with(tail.as_bytes(), start.as_bytes()) && scan::starts_with(s.as_bytes(), rest.as_bytes()))
-                    .then_some(rest.len())
+                (tail.ends_with(start) && s.starts_with(rest)).then_some(rest.len())
             })
             .max();
         if let Some(rest) = spanning {
@@ -824,10 +817,10 @@ fn set_text(choice: &mut Value, had_text: bool, scrubbed: String) {
 fn ends_with_across(a: &str, b: &str, suffix: &str) -> bool {
     let (a, b, suffix) = (a.as_bytes(), b.as_bytes(), suffix.as_bytes());
     match suffix.len().checked_sub(b.len()) {
-        None => scan::ends_with(b, suffix),
+        None => b.ends_with(suffix),
         Some(from_a) => {
-            suffix.get(from_a..).is_some_and(|end| scan::same(end, b))
-                && suffix.get(..from_a).is_some_and(|start| scan::ends_with(a, start))
+            suffix.get(from_a..).is_some_and(|end| end == b)
+                && suffix.get(..from_a).is_some_and(|start| a.ends_with(start))
         }
     }
 }
@@ -1019,7 +1012,6 @@ mod tests {
             "data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}}}}]}}\n\n"
         );
         for _ in 0..2 {
-            // The same layout twice: the second would be read by the template.
             input.push_str(&format!(
                 "data: {head}\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"a\"}}}}]}}\n\n"
             ));

@@ -4,16 +4,13 @@
 //! - [`dom`]: JSON text into a `serde_json::Value`, read literally (no key
 //!   taken as serde_json's raw-value marker).
 //! - [`split`]: an object's members and a walk inside its values, in one
-//!   pass, for text serde reads the same way.
+//!   pass, for text serde reads the same way, and its string scan.
 //! - [`members`]: an object's top-level members as borrowed raw slices, and
 //!   an object writer, for targeted rewrites.
-//! - [`layout`]: a text recognised as laid out like an earlier one but for
-//!   one string (the OpenAI chunk copy path).
 //! - Here: a string's text from its JSON form, escapes included, exactly as
 //!   serde reads it; and bytes read through serde's text reader only.
 
 pub mod dom;
-pub mod layout;
 pub mod members;
 pub mod split;
 
@@ -22,14 +19,14 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::scan;
+use crate::json::split::string_stop_from;
 
 /// A JSON string's text, borrowed unless it has escapes; `raw` is JSON
 /// already checked (by serde or a walk), so the text between the quotes of
 /// a string without a backslash is the string.
 pub fn json_text(raw: &str) -> Option<Cow<'_, str>> {
     let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
-    if scan::position_of(inner.as_bytes(), b'\\').is_none() {
+    if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
         Some(Cow::Borrowed(inner))
     } else {
         unescape(inner).map(Cow::Owned)
@@ -45,7 +42,7 @@ fn unescape(inner: &str) -> Option<String> {
     let mut text = String::with_capacity(inner.len());
     let mut at = 0;
     loop {
-        let stop = scan::string_stop_from(bytes, at);
+        let stop = string_stop_from(bytes, at);
         text.push_str(inner.get(at..stop)?);
         match bytes.get(stop) {
             None => return Some(text),

@@ -17,8 +17,6 @@
 //! conservatively, any number with an exponent or over 300 integer digits
 //! (serde refuses those beyond f64's range).
 
-use crate::scan::string_stop_from;
-
 /// Deeper nesting is left to serde (which allows any depth in a raw value).
 const MAX_DEPTH: usize = 64;
 
@@ -81,44 +79,6 @@ impl<'a> Walk<'a> {
             self.members(member)?;
         }
         self.leave(start)
-    }
-
-    /// A walk of `text` resumed at `at`: inside its top-level object, just
-    /// past the colon of a member, where a walk of the same bytes stood in
-    /// that member's callback ([`Walk::position`]). The caller vouches
-    /// that those bytes read as it saw them; [`Walk::rest_of_object`] goes on.
-    pub fn raw_resumed(text: &'a str, at: usize) -> Self {
-        let mut c = Cursor::new(text, false);
-        c.at = at;
-        Walk { c, depth: 1 }
-    }
-
-    /// Where the walk stands: inside a member's callback, just past its colon.
-    pub fn position(&self) -> usize {
-        self.c.at
-    }
-
-    /// Finishes a resumed walk's object: `member(name, walk)` for the member
-    /// whose value is next (its name as the first walk read it), then for
-    /// each member after it, as [`Walk::object`] would have.
-    pub fn rest_of_object(
-        &mut self,
-        name: &'a str,
-        member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>,
-    ) -> Option<()> {
-        member(name, self)?;
-        self.rest_after_value(member)
-    }
-
-    /// Finishes a resumed walk's object after a member's value that the
-    /// caller read itself (the walk stands just past it): `member(name,
-    /// walk)` for each member after it.
-    pub fn rest_after_value(&mut self, member: &mut dyn FnMut(&'a str, &mut Walk<'a>) -> Option<()>) -> Option<()> {
-        if self.next_item(b'}')? {
-            self.members(member)?;
-        }
-        self.depth = self.depth.saturating_sub(1);
-        Some(())
     }
 
     /// An object's members from the next name through its closing brace.
@@ -346,19 +306,9 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Where the JSON string token whose opening quote is at `at` ends (just
-/// past its closing quote, read as a raw walk reads it), and whether the
-/// string has an escape: without one its text is the bytes between its quotes.
-pub fn string_token_end_escaped(bytes: &[u8], at: usize) -> Option<(usize, bool)> {
-    if bytes.get(at) != Some(&b'"') {
-        return None;
-    }
-    string_end_and_escapes(bytes, at.wrapping_add(1), false)
-}
-
 /// JSON's four whitespace bytes from `at`, as serde skips them: where they end.
 #[inline(always)]
-pub fn whitespace_from(bytes: &[u8], mut at: usize) -> usize {
+fn whitespace_from(bytes: &[u8], mut at: usize) -> usize {
     while matches!(bytes.get(at), Some(b' ' | b'\n' | b'\t' | b'\r')) {
         at = at.wrapping_add(1);
     }
@@ -501,9 +451,91 @@ fn number_end(bytes: &[u8], mut at: usize, values: bool) -> Option<usize> {
     Some(at)
 }
 
+// The string scan, eight bytes a step: wasm has 64-bit integers but no SIMD
+// here, and `memchr` cannot stop at a byte range (control characters). A
+// word holds a byte `b` when its XOR with `b` in every lane has a zero lane.
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The zero byte lanes of `x`, as each lane's high bit. Only the lowest set
+/// bit is exact (a borrow can flag lanes above a zero one), and the lowest
+/// is all a search needs.
+fn zero_lanes(x: u64) -> u64 {
+    x.wrapping_sub(ONES) & !x & HIGHS
+}
+
+/// The lanes of `x` below `n` (`n` at most 0x80), lowest exact as above.
+fn lanes_below(x: u64, n: u8) -> u64 {
+    x.wrapping_sub(ONES.wrapping_mul(u64::from(n))) & !x & HIGHS
+}
+
+/// The index of the lowest flagged lane (little-endian: the first byte is
+/// the lowest lane).
+fn lane(flagged: u64) -> usize {
+    (flagged.trailing_zeros() / 8) as usize
+}
+
+/// Where the run of plain JSON string text starting at `at` ends: the index
+/// of its first quote, backslash or control character (below 0x20, which
+/// JSON forbids unescaped), or `bytes.len()`.
+/// The JSON walk's inner loop ([`crate::json::split`]): inlined, with a plain index
+/// for an answer, it keeps the position in a wasm local instead of the
+/// stack a returned `Option<usize>` goes through.
+#[inline(always)]
+pub fn string_stop_from(bytes: &[u8], mut at: usize) -> usize {
+    let (quote, backslash) = (ONES.wrapping_mul(u64::from(b'"')), ONES.wrapping_mul(u64::from(b'\\')));
+    let stops = |w: u64| zero_lanes(w ^ quote) | zero_lanes(w ^ backslash) | lanes_below(w, 0x20);
+    let word = |at: usize| {
+        bytes
+            .get(at..at.wrapping_add(8))
+            .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            .map(u64::from_le_bytes)
+    };
+    while let Some(w) = word(at) {
+        let flagged = stops(w);
+        if flagged != 0 {
+            return at.wrapping_add(lane(flagged));
+        }
+        at = at.wrapping_add(8);
+    }
+    // Under eight bytes left: the text's last word, its lanes before `at`
+    // shifted out. The zero lanes shifted in stand past the end and stop
+    // the search there, so a stop in none of the real lanes gives the length.
+    let last = bytes.len().wrapping_sub(8);
+    if at > last
+        && at < bytes.len()
+        && let Some(w) = word(last)
+    {
+        let found = at.wrapping_add(lane(stops(w >> (at.wrapping_sub(last) * 8))));
+        return found.min(bytes.len());
+    }
+    while let Some(&b) = bytes.get(at) {
+        if b == b'"' || b == b'\\' || b < 0x20 {
+            return at;
+        }
+        at = at.wrapping_add(1);
+    }
+    at
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_string_scan_stops_where_a_plain_scan_does_everywhere() {
+        let text: Vec<u8> = (0..75u32)
+            .map(|i| [b'a', b'"', 0x1f, b'\\', 0x20, 0xff, 0x80, 0][(i * 7 % 13 % 8) as usize])
+            .collect();
+        for start in 0..text.len() {
+            let tail = &text[start..];
+            let plain = tail.iter().position(|b| *b == b'"' || *b == b'\\' || *b < 0x20);
+            assert_eq!(string_stop_from(&text, start), plain.map_or(text.len(), |p| start + p));
+            let letters = vec![b'x'; tail.len()];
+            assert_eq!(string_stop_from(&letters, 0), letters.len());
+        }
+    }
 
     /// What serde makes of `text` as an object of raw members, when it can.
     fn serde_split(text: &str) -> Option<Vec<(String, String)>> {

@@ -1064,18 +1064,18 @@ mod tests {
         for e in odd_events {
             input.push_str(&format!("data: {head}{e}\n\n"));
         }
-        // The members before `choices` change, then repeat: each chunk reads
-        // as a whole walk would read it, whatever the last one held.
+        // The members before `choices` change between chunks, and the
+        // choice's members come in any order.
         let other = r#"{"id":"u","object":"chat.completion.chunk","created":2,"model":"m","#;
         for e in [
             r#""choices":[{"index":0,"delta":{"content":"created 2"}}]}"#,
-            // One choice laid out as the last one, another string for content.
+            // Content with escapes.
             r#""choices":[{"index":0,"delta":{"content":"a longer one, \"escaped\" \u00e9"}}]}"#,
             r#""choices":[{"index":0,"delta":{"content":""}}]}"#,
             r#""choices":[{"index":0,"delta":{"content":null}}]}"#,
             r#""choices":[{"delta":{"content":"x"},"index":3,"finish_reason":null}]}"#,
-            // Held under choice 3 by a chunk read through the template, ended
-            // by one walked whole: the index must be read the same either way.
+            // A credential's start held back under choice 3, then ended by
+            // the next chunks: the index is read wherever it stands.
             r#""choices":[{"delta":{"content":"held under 3: sk-live-01"},"index":3,"finish_reason":null}]}"#,
             r#""choices":[{"index":3,"delta":{"content":"23456789 redacted"}}]}"#,
             r#""choices":[{"delta":{"content":"23 4"},"index":3,"finish_reason":null}]}"#,

@@ -382,7 +382,7 @@ fn string_end_escaped(bytes: &[u8], mut at: usize, values: bool) -> Option<usize
 }
 
 /// The four hex digits at `at`, as the code unit they spell.
-pub fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
+fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
     let mut unit = 0;
     for digit in bytes.get(at..at.wrapping_add(4))? {
         unit = (unit << 4) | char::from(*digit).to_digit(16)?;

@@ -331,17 +331,11 @@ fn member_value_start(bytes: &[u8], at: usize, values: bool) -> Option<usize> {
 /// The end of a string whose text starts at `at` (just past its quote).
 #[inline(always)]
 fn string_end(bytes: &[u8], at: usize, values: bool) -> Option<usize> {
-    string_end_and_escapes(bytes, at, values).map(|(end, _)| end)
-}
-
-/// [`string_end`], and whether the string has an escape.
-#[inline(always)]
-fn string_end_and_escapes(bytes: &[u8], at: usize, values: bool) -> Option<(usize, bool)> {
     let stop = string_stop_from(bytes, at);
     if bytes.get(stop) == Some(&b'"') {
-        return Some((stop.wrapping_add(1), false));
+        return Some(stop.wrapping_add(1));
     }
-    string_end_escaped(bytes, stop, values).map(|end| (end, true))
+    string_end_escaped(bytes, stop, values)
 }
 
 /// [`string_end`] from its first escape or control character, escapes as

@@ -3,12 +3,13 @@
 //! pulled out. Unknown fields are kept: OpenAI's API has many more, and they
 //! pass through to providers.
 //!
-//! Two paths give the same answers: `fast` walks the text once and accepts
-//! the usual body without building a DOM; whatever it is not sure of, and
-//! every error, goes to the DOM validator here, whose errors name the field.
-//! The DOM is built later only for translators that need one.
+//! The rules (`rules`) are written once and read the body through a view
+//! (`view`): of the client's text, walked once without building a DOM, or,
+//! for text the walk is not sure of, of serde's DOM. The DOM is otherwise
+//! built later, and only for translators that need one.
 
-mod fast;
+mod rules;
+mod view;
 
 use std::cell::OnceCell;
 use std::ops::Range;
@@ -17,6 +18,9 @@ use serde_json::{Map, Value};
 
 use crate::errors::ApiError;
 use crate::json::members::Members;
+use crate::json::split::Walk;
+use rules::{Message, Refused, Top};
+use view::View;
 
 /// Which operation the client called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,30 +101,77 @@ pub fn parse(op: Operation, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
     // checks each string on its own, which costs more.
     let text = std::str::from_utf8(bytes);
     if let Ok(text) = text
-        && let Some(accepted) = fast::check(op, text)
+        && let Some(answer) = parse_raw(op, text)
     {
-        return Ok(ParsedRequest {
-            op,
-            model: accepted.model,
-            stream: accepted.stream,
-            include_usage: accepted.include_usage,
-            raw: text.to_owned(),
-            spans: Some(accepted.spans),
-            dom: OnceCell::new(),
-        });
+        return answer;
     }
     validate_dom(op, bytes, text)
 }
 
-/// The DOM validator alone: what [`parse`] does when the fast path is not
-/// sure. Public so the tests and the `request` fuzz target can hold the two
-/// paths to the same answers.
+/// The rules over the client's text, without a DOM; `None` when the walk
+/// is not sure of it (JSON it does not read exactly as serde does, or not
+/// JSON at all), which is the DOM's to answer.
+fn parse_raw(op: Operation, text: &str) -> Option<Result<ParsedRequest, ApiError>> {
+    let mut spans = Vec::with_capacity(16);
+    let mut top = Top::default();
+    let mut walk = Walk::values(text);
+    walk.object(&mut |name, walk| {
+        let value = match (name, op) {
+            // Messages are split as the walk passes them, not walked again.
+            ("messages", Operation::Chat) if walk.peek() == Some(b'[') => {
+                let mut messages = Vec::new();
+                let value = walk.array(&mut |walk| {
+                    let mut message = Message::default();
+                    walk.object(&mut |name, walk| {
+                        message.member(name, View::Raw(walk.value()?));
+                        Some(())
+                    })?;
+                    messages.push(message);
+                    Some(())
+                })?;
+                top.split_messages(messages);
+                value
+            }
+            _ => {
+                let value = walk.value()?;
+                top.member(name, View::Raw(value));
+                value
+            }
+        };
+        spans.push((span_in(text, name), span_in(text, value)));
+        Some(())
+    })?;
+    walk.end()?;
+    match rules::check(op, top) {
+        Ok(read) => Some(Ok(ParsedRequest {
+            op,
+            model: read.model,
+            stream: read.stream,
+            include_usage: read.include_usage,
+            raw: text.to_owned(),
+            spans: Some(spans),
+            dom: OnceCell::new(),
+        })),
+        Err(Refused::Invalid(e)) => Some(Err(e)),
+        Err(Refused::Unsure) => None,
+    }
+}
+
+/// Where `part`, a slice of `text`, lies in it.
+fn span_in(text: &str, part: &str) -> Range<usize> {
+    let start = (part.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
+    start..start.saturating_add(part.len())
+}
+
+/// The rules over serde's DOM alone: what [`parse`] does when the walk is
+/// not sure. Public so the tests and the `request` fuzz target can hold the
+/// two forms to the same answers.
 pub fn parse_dom(op: Operation, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
     validate_dom(op, bytes, std::str::from_utf8(bytes))
 }
 
 /// [`parse_dom`] on `bytes` already checked as UTF-8 (`text`), so the body
-/// the fast path left is not checked twice.
+/// the walk left is not checked twice.
 fn validate_dom(
     op: Operation,
     bytes: &[u8],
@@ -132,67 +183,25 @@ fn validate_dom(
         Ok(text) => crate::json::dom::parse(text),
         Err(_) => crate::json::dom::parse_slice(bytes),
     };
-    let value: Value = parsed.map_err(|e| {
-        ApiError::bad_request("invalid_json", "body", format!("Request body is not valid JSON: {e}.")).with_param_none()
-    })?;
+    let value: Value = parsed.map_err(|e| invalid_json(format!("Request body is not valid JSON: {e}.")))?;
     let Value::Object(body) = value else {
-        return Err(
-            ApiError::bad_request("invalid_json", "body", "Request body must be a JSON object.").with_param_none(),
-        );
+        return Err(invalid_json("Request body must be a JSON object.".into()));
     };
-
-    let model = match body.get("model") {
-        None | Some(Value::Null) => return Err(missing("model")),
-        Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err(wrong_type("model", "a string")),
-    };
-    match op {
-        Operation::Chat => validate_messages(&body)?,
-        Operation::Completions => match body.get("prompt") {
-            None | Some(Value::Null) => return Err(missing("prompt")),
-            Some(Value::String(_)) => {}
-            // OpenAI also takes a list of prompts, and clients send one in a list
-            // (LangChain's `OpenAI.invoke`); the gateway answers one prompt a request.
-            Some(Value::Array(items)) => match items.as_slice() {
-                [Value::String(_)] => {}
-                [_] => return Err(wrong_type("prompt.0", "a string")),
-                _ => {
-                    return Err(bad_value(
-                        "prompt",
-                        "must hold exactly one prompt: the gateway answers one prompt a request",
-                    ));
-                }
-            },
-            Some(_) => return Err(wrong_type("prompt", "a string or an array of one string")),
-        },
+    let mut top = Top::default();
+    for (name, value) in &body {
+        top.member(name, View::Dom(value));
     }
-    validate_sampling(&body)?;
-    let stream = optional_bool(&body, "stream")?.unwrap_or(false);
-    let include_usage = match body.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => {
-            for key in o.keys() {
-                if key != "include_usage" {
-                    return Err(ApiError::bad_request(
-                        "unsupported_parameter",
-                        format!("stream_options.{key}"),
-                        format!("Unknown stream option '{key}'."),
-                    ));
-                }
-            }
-            match o.get("include_usage") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(wrong_type("stream_options.include_usage", "a boolean")),
-            }
-        }
-        Some(_) => return Err(wrong_type("stream_options", "an object")),
+    let read = match rules::check(op, top) {
+        Ok(read) => read,
+        Err(Refused::Invalid(e)) => return Err(e),
+        // The DOM reads every part exactly; the rules' views say so.
+        Err(Refused::Unsure) => return Err(unreadable()),
     };
     Ok(ParsedRequest {
         op,
-        model,
-        stream,
-        include_usage,
+        model: read.model,
+        stream: read.stream,
+        include_usage: read.include_usage,
         // serde accepted the body, so it is UTF-8: copied as it is.
         raw: text.map_or_else(|_| String::from_utf8_lossy(bytes).into_owned(), str::to_owned),
         spans: None,
@@ -200,12 +209,11 @@ fn validate_dom(
     })
 }
 
-impl ApiError {
-    /// `invalid_json` names no field.
-    fn with_param_none(mut self) -> Self {
-        self.param = None;
-        self
-    }
+/// `invalid_json` names no field.
+fn invalid_json(message: String) -> ApiError {
+    let mut e = ApiError::bad_request("invalid_json", "body", message);
+    e.param = None;
+    e
 }
 
 /// A legacy request's prompt, as [`parse`] accepted it: a string, or the one
@@ -229,192 +237,10 @@ pub(crate) fn bad_value(param: &str, why: &str) -> ApiError {
     ApiError::bad_request("invalid_value", param, format!("'{param}' {why}."))
 }
 
-fn optional_bool(body: &Map<String, Value>, field: &str) -> Result<Option<bool>, ApiError> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(wrong_type(field, "a boolean")),
-    }
-}
-
-fn number_in(body: &Map<String, Value>, field: &str, lo: f64, hi: f64) -> Result<(), ApiError> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(x) if (lo..=hi).contains(&x) => Ok(()),
-            _ => Err(bad_value(field, &format!("must be between {lo} and {hi}"))),
-        },
-        Some(_) => Err(wrong_type(field, "a number")),
-    }
-}
-
-fn integer_at_least(body: &Map<String, Value>, field: &str, lo: i64) -> Result<(), ApiError> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Number(n)) => match (n.as_i64(), n.as_u64()) {
-            (Some(x), _) if x >= lo => Ok(()),
-            (None, Some(_)) => Ok(()),
-            (Some(_), _) => Err(bad_value(field, &format!("must be at least {lo}"))),
-            (None, None) => Err(wrong_type(field, "an integer")),
-        },
-        Some(_) => Err(wrong_type(field, "an integer")),
-    }
-}
-
-/// The numbers a request may carry and their ranges (OpenAI's API
-/// reference). The rules below and the fast path ([`fast`]) both read these
-/// tables, so each rule is written once.
-const NUMBER_RANGES: [(&str, i64, i64); 4] = [
-    ("temperature", 0, 2),
-    ("top_p", 0, 1),
-    ("presence_penalty", -2, 2),
-    ("frequency_penalty", -2, 2),
-];
-
-/// The integers a request may carry and their least values.
-const INTEGER_MINIMUMS: [(&str, i64); 4] = [
-    ("max_tokens", 1),
-    ("max_completion_tokens", 1),
-    ("n", 1),
-    ("seed", i64::MIN),
-];
-
-/// `response_format.type`'s values.
-const RESPONSE_FORMATS: [&str; 3] = ["text", "json_object", "json_schema"];
-
-/// Sampling and output parameters shared by both operations.
-fn validate_sampling(body: &Map<String, Value>) -> Result<(), ApiError> {
-    for (field, lo, hi) in NUMBER_RANGES {
-        number_in(body, field, lo as f64, hi as f64)?;
-    }
-    for (field, lo) in INTEGER_MINIMUMS {
-        integer_at_least(body, field, lo)?;
-    }
-    match body.get("stop") {
-        None | Some(Value::Null) | Some(Value::String(_)) => {}
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                if !item.is_string() {
-                    return Err(wrong_type(&format!("stop.{i}"), "a string"));
-                }
-            }
-        }
-        Some(_) => return Err(wrong_type("stop", "a string or an array of strings")),
-    }
-    match body.get("user") {
-        None | Some(Value::Null) | Some(Value::String(_)) => {}
-        Some(_) => return Err(wrong_type("user", "a string")),
-    }
-    match body.get("response_format") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(o)) => match o.get("type") {
-            Some(Value::String(t)) if RESPONSE_FORMATS.contains(&t.as_str()) => {}
-            Some(Value::String(_)) => {
-                return Err(bad_value(
-                    "response_format.type",
-                    "must be 'text', 'json_object' or 'json_schema'",
-                ));
-            }
-            None => return Err(missing("response_format.type")),
-            Some(_) => return Err(wrong_type("response_format.type", "a string")),
-        },
-        Some(_) => return Err(wrong_type("response_format", "an object")),
-    }
-    match body.get("tools") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(tools)) => {
-            for (i, tool) in tools.iter().enumerate() {
-                if !tool.is_object() {
-                    return Err(wrong_type(&format!("tools.{i}"), "an object"));
-                }
-            }
-        }
-        Some(_) => return Err(wrong_type("tools", "an array")),
-    }
-    Ok(())
-}
-
-const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
-
-fn validate_messages(body: &Map<String, Value>) -> Result<(), ApiError> {
-    let messages = match body.get("messages") {
-        None | Some(Value::Null) => return Err(missing("messages")),
-        Some(Value::Array(m)) => m,
-        Some(_) => return Err(wrong_type("messages", "an array")),
-    };
-    if messages.is_empty() {
-        return Err(bad_value("messages", "must contain at least one message"));
-    }
-    for (i, message) in messages.iter().enumerate() {
-        // Named only when something is wrong: formatting every path would
-        // cost more than checking the message.
-        let at = || format!("messages.{i}");
-        let Value::Object(m) = message else {
-            return Err(wrong_type(&at(), "an object"));
-        };
-        let role = match m.get("role") {
-            None | Some(Value::Null) => return Err(missing(&format!("{}.role", at()))),
-            Some(Value::String(r)) => r.as_str(),
-            Some(_) => return Err(wrong_type(&format!("{}.role", at()), "a string")),
-        };
-        if !ROLES.contains(&role) {
-            return Err(bad_value(
-                &format!("{}.role", at()),
-                "must be one of 'system', 'developer', 'user', 'assistant', 'tool'",
-            ));
-        }
-        let has_tool_calls = matches!(m.get("tool_calls"), Some(Value::Array(calls)) if !calls.is_empty());
-        match m.get("content") {
-            None | Some(Value::Null) if role == "assistant" && has_tool_calls => {}
-            None | Some(Value::Null) => return Err(missing(&format!("{}.content", at()))),
-            Some(Value::String(_)) => {}
-            Some(Value::Array(parts)) => validate_parts(&at, parts)?,
-            Some(_) => {
-                return Err(wrong_type(
-                    &format!("{}.content", at()),
-                    "a string or an array of content parts",
-                ));
-            }
-        }
-        if role == "tool" && !matches!(m.get("tool_call_id"), Some(Value::String(_))) {
-            return Err(missing(&format!("{}.tool_call_id", at())));
-        }
-        match m.get("tool_calls") {
-            None | Some(Value::Null) | Some(Value::Array(_)) => {}
-            Some(_) => return Err(wrong_type(&format!("{}.tool_calls", at()), "an array")),
-        }
-    }
-    Ok(())
-}
-
-fn validate_parts(message: &dyn Fn() -> String, parts: &[Value]) -> Result<(), ApiError> {
-    for (j, part) in parts.iter().enumerate() {
-        let at = || format!("{}.content.{j}", message());
-        let Value::Object(p) = part else {
-            return Err(wrong_type(&at(), "an object"));
-        };
-        match p.get("type").and_then(Value::as_str) {
-            Some("text") => {
-                if !matches!(p.get("text"), Some(Value::String(_))) {
-                    return Err(wrong_type(&format!("{}.text", at()), "a string"));
-                }
-            }
-            Some("image_url") => match p.get("image_url") {
-                Some(Value::Object(img)) if matches!(img.get("url"), Some(Value::String(_))) => {}
-                Some(Value::Object(_)) => return Err(missing(&format!("{}.image_url.url", at()))),
-                None => return Err(missing(&format!("{}.image_url", at()))),
-                Some(_) => return Err(wrong_type(&format!("{}.image_url", at()), "an object")),
-            },
-            Some(_) => return Err(bad_value(&format!("{}.type", at()), "must be 'text' or 'image_url'")),
-            None => return Err(missing(&format!("{}.type", at()))),
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::json::members::Members;
 
     fn chat(json: &str) -> Result<ParsedRequest, ApiError> {
         parse(Operation::Chat, json.as_bytes())
@@ -552,6 +378,299 @@ mod tests {
             let body = format!(r#"{{"model":"a/b","prompt":{prompt}}}"#);
             let e = parse(Operation::Completions, body.as_bytes()).unwrap_err();
             assert_eq!((e.code.as_str(), e.param.as_deref()), (code, Some(param)), "{body}");
+        }
+    }
+
+    // The raw form against the DOM.
+
+    /// Whenever the raw form answers, the DOM answers the same: the same
+    /// fields read, or the same error; and the spans are the body's members.
+    /// Whether the raw form answered.
+    fn agrees(op: Operation, text: &str) -> bool {
+        let dom = parse_dom(op, text.as_bytes());
+        let Some(raw) = parse_raw(op, text) else {
+            return false;
+        };
+        let raw = match (raw, dom) {
+            (Ok(raw), Ok(dom)) => {
+                assert_eq!(
+                    (&raw.model, raw.stream, raw.include_usage),
+                    (&dom.model, dom.stream, dom.include_usage),
+                    "{text}"
+                );
+                raw
+            }
+            (raw, dom) => {
+                assert_eq!(raw.err(), dom.err(), "{text}");
+                return true;
+            }
+        };
+        let spans: Vec<(&str, &str)> = raw
+            .spans
+            .iter()
+            .flatten()
+            .map(|(n, v)| (&text[n.clone()], &text[v.clone()]))
+            .collect();
+        let members = Members::parse_str(text).unwrap();
+        let members: Vec<(&str, &str)> = members.0.iter().map(|(n, v)| (n.as_ref(), v.get())).collect();
+        assert_eq!(spans, members, "{text}");
+        true
+    }
+
+    fn accepted_raw(op: Operation, text: &str) -> bool {
+        matches!(parse_raw(op, text), Some(Ok(_)))
+    }
+
+    const MESSAGE: &str = r#"{"role":"user","content":"hi"}"#;
+
+    fn chat_with(member: &str) -> String {
+        format!(r#"{{"model":"a/b","messages":[{MESSAGE}],{member}}}"#)
+    }
+
+    #[test]
+    fn usual_bodies_are_read_without_a_dom() {
+        let bench = include_str!("../benches/data/chat_1k.json");
+        let tools = r#"{"model":"a/b","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}}]},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"42"}],
+            "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}],"tool_choice":"auto"}"#;
+        let sampled = r#"{"model":"a/b","messages":[{"role":"developer","content":"d"},{"role":"user","content":"x \u00e9 \ud83d\ude00"}],
+            "temperature":2,"top_p":1.0,"presence_penalty":-2.0,"frequency_penalty":-0.0,"max_tokens":1,"max_completion_tokens":100000,
+            "n":1,"seed":-9007199254740993,"stop":["\n","END"],"user":"u1","response_format":{"type":"json_schema","json_schema":{"name":"x"}},
+            "stream":true,"stream_options":{"include_usage":true},"waygate":{"routing":{"prefer":["a"]}}}"#;
+        for (op, body) in [
+            (Operation::Chat, bench),
+            (Operation::Chat, tools),
+            (Operation::Chat, sampled),
+            (
+                Operation::Completions,
+                r#"{"model":"a/b","prompt":"Say hi","max_tokens":5,"stream":false}"#,
+            ),
+        ] {
+            assert!(agrees(op, body) && accepted_raw(op, body), "not taken: {body}");
+        }
+        let read = parse_raw(Operation::Chat, sampled).unwrap().unwrap();
+        assert_eq!(
+            (read.model.as_str(), read.stream, read.include_usage),
+            ("a/b", true, true)
+        );
+    }
+
+    #[test]
+    fn text_the_walk_is_not_sure_of_goes_to_the_dom() {
+        for member in [
+            r#""temperature":1e0"#,
+            r#""x":1E400"#,
+            r#""x":"\ud800""#,
+            r#""x":"\udc00\ud800""#,
+            r#""x":"\ud800\u0041""#,
+            r#""stream_options":{"include_us\u0061ge":true}"#,
+            r#""messages":[{"role":"user","con\u0074ent":"x"}]"#,
+        ] {
+            let body = chat_with(member);
+            assert!(!agrees(Operation::Chat, &body), "taken: {member}");
+            assert_eq!(
+                parse(Operation::Chat, body.as_bytes()).map(|r| r.model),
+                parse_dom(Operation::Chat, body.as_bytes()).map(|r| r.model),
+                "{member}"
+            );
+        }
+        assert!(!agrees(
+            Operation::Chat,
+            r#"{"model":"a/b","messages":[{"role":"user","content":"x"}]} x"#
+        ));
+    }
+
+    #[test]
+    fn the_raw_form_refuses_as_the_dom_does() {
+        for member in [
+            r#""temperature":2.00000000000000000001"#,
+            r#""max_tokens":18446744073709551615"#,
+            r#""stream_options":{"include_usage":true,"other":1}"#,
+            r#""stream_options":{"zeta":1,"include_usage":true,"alpha":2}"#,
+            r#""temperature":2.5"#,
+            r#""temperature":-0.1"#,
+            r#""top_p":"1""#,
+            r#""max_tokens":0"#,
+            r#""max_tokens":1.0"#,
+            r#""max_tokens":-0"#,
+            r#""n":-1"#,
+            r#""stop":[1]"#,
+            r#""stop":{}"#,
+            r#""user":7"#,
+            r#""response_format":{"type":"yaml"}"#,
+            r#""response_format":{}"#,
+            r#""response_format":{"type":null}"#,
+            r#""tools":[1]"#,
+            r#""tools":{}"#,
+            r#""stream":"yes""#,
+            r#""stream_options":[]"#,
+            r#""stream_options":{"include_usage":1}"#,
+        ] {
+            assert!(agrees(Operation::Chat, &chat_with(member)), "not answered: {member}");
+        }
+        for body in [
+            r#"{"model":"a/b","messages":[]}"#,
+            r#"{"model":"a/\u0062","messages":[{"role":"user","content":"x"}]}"#,
+            r#"{"model":null,"messages":[{"role":"user","content":"x"}]}"#,
+            r#"{"messages":[{"role":"user","content":"x"}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"robot","content":"x"}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"user"}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"assistant","content":null,"tool_calls":[]}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"tool","content":"x"}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"user","content":[{"type":"text"}]}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"user","content":[{"type":"audio"}]}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"user","content":"x","tool_calls":{}}]}"#,
+            r#"{"model":"a/b","messages":{}}"#,
+        ] {
+            assert!(agrees(Operation::Chat, body), "not answered: {body}");
+        }
+        assert!(agrees(Operation::Completions, r#"{"model":"a/b","prompt":["x"]}"#));
+        let e = parse(
+            Operation::Chat,
+            chat_with(r#""stream_options":{"zeta":1,"include_usage":true,"alpha":2}"#).as_bytes(),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream_options.alpha"));
+    }
+
+    #[test]
+    fn repeated_names_count_as_the_dom_counts_them() {
+        // The last of a repeated name is the DOM's; the raw form either
+        // reads the same or leaves it to the DOM.
+        for body in [
+            r#"{"model":"x/y","model":"a/b","messages":[{"role":"user","content":"x"}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"robot","role":"user","content":"x"}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"user","role":"robot","content":"x"}]}"#,
+            r#"{"model":"a/b","messages":[],"messages":[{"role":"user","content":"x"}]}"#,
+            r#"{"model":"a/b","messages":[{"role":"user","content":"x"}],"stream":true,"stream":false}"#,
+            r#"{"model":"a/b","messages":[{"role":"user","content":[{"type":"bad"}],"content":"x"}]}"#,
+        ] {
+            agrees(Operation::Chat, body);
+        }
+        let read = parse_raw(
+            Operation::Chat,
+            r#"{"model":"x/y","model":"a/b","messages":[{"role":"user","content":"x"}]}"#,
+        );
+        assert_eq!(read.and_then(Result::ok).map(|r| r.model).as_deref(), Some("a/b"));
+    }
+
+    /// Every member the rules read, given every kind of value: the raw form
+    /// answers as the DOM does.
+    #[test]
+    fn every_field_and_value_kind_agrees_with_the_dom() {
+        let values = [
+            "null",
+            "true",
+            "false",
+            "0",
+            "-0",
+            "1",
+            "2",
+            "-2",
+            "3",
+            "0.5",
+            "1.0",
+            "2.0",
+            "2.01",
+            "-2.0",
+            "-2.5",
+            "1e1",
+            "-1",
+            "400",
+            "-9223372036854775808",
+            "18446744073709551616",
+            r#""""#,
+            r#""s""#,
+            r#""text""#,
+            "[]",
+            r#"["a"]"#,
+            "[1]",
+            "[{}]",
+            "{}",
+            r#"{"type":"text"}"#,
+            r#"{"type":"json_object"}"#,
+            r#"{"include_usage":true}"#,
+            r#"{"include_usage":null}"#,
+            MESSAGE,
+        ];
+        let fields = [
+            "model",
+            "messages",
+            "prompt",
+            "temperature",
+            "top_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "max_tokens",
+            "max_completion_tokens",
+            "n",
+            "seed",
+            "stop",
+            "user",
+            "response_format",
+            "tools",
+            "stream",
+            "stream_options",
+        ];
+        let (mut answered, mut accepted) = (0, 0);
+        for field in fields {
+            for value in values {
+                let body = chat_with(&format!(r#""{field}":{value}"#));
+                answered += usize::from(agrees(Operation::Chat, &body));
+                accepted += usize::from(accepted_raw(Operation::Chat, &body));
+                let body = format!(r#"{{"model":"a/b","prompt":"p","{field}":{value}}}"#);
+                answered += usize::from(agrees(Operation::Completions, &body));
+                accepted += usize::from(accepted_raw(Operation::Completions, &body));
+            }
+        }
+        // Messages and parts, member by member.
+        let message_members = ["role", "content", "tool_calls", "tool_call_id", "name"];
+        for member in message_members {
+            for value in values
+                .iter()
+                .chain(&[r#""assistant""#, r#""tool""#, r#"[{"type":"text","text":"t"}]"#])
+            {
+                for role in ["user", "assistant", "tool"] {
+                    let body = format!(
+                        r#"{{"model":"a/b","messages":[{{"role":"{role}","content":"c","{member}":{value}}}]}}"#
+                    );
+                    answered += usize::from(agrees(Operation::Chat, &body));
+                    accepted += usize::from(accepted_raw(Operation::Chat, &body));
+                }
+            }
+        }
+        for part in values.iter().map(|v| format!(r#"{{"type":"text","text":{v}}}"#)).chain(
+            values
+                .iter()
+                .map(|v| format!(r#"{{"type":"image_url","image_url":{{"url":{v}}}}}"#)),
+        ) {
+            let body = format!(r#"{{"model":"a/b","messages":[{{"role":"user","content":[{part}]}}]}}"#);
+            answered += usize::from(agrees(Operation::Chat, &body));
+            accepted += usize::from(accepted_raw(Operation::Chat, &body));
+        }
+        assert!(accepted > 200, "the raw form accepted only {accepted}");
+        assert!(answered > 1600, "the raw form answered only {answered}");
+    }
+
+    /// Every cut of a body, and every byte of it changed to each byte that
+    /// matters to JSON: answered as the DOM answers.
+    #[test]
+    fn every_cut_and_changed_byte_agrees_with_the_dom() {
+        let body = r#"{"model":"a/b","messages":[{"role":"user","content":[{"type":"text","text":"h\"i"}]},{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}],"temperature":0.5,"max_tokens":9,"stream":true,"stream_options":{"include_usage":false}}"#;
+        assert!(agrees(Operation::Chat, body));
+        for end in 0..body.len() {
+            agrees(Operation::Chat, &body[..end]);
+            for b in [
+                b'"', b'\\', b',', b':', b'{', b'}', b'[', b']', b'0', b'9', b'-', b'.', b'e', b' ', b'n', b'x',
+            ] {
+                let mut bytes = body.as_bytes().to_vec();
+                bytes[end] = b;
+                if let Ok(text) = std::str::from_utf8(&bytes) {
+                    agrees(Operation::Chat, text);
+                }
+            }
         }
     }
 }

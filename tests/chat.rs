@@ -85,13 +85,13 @@ fn the_provider_gets_its_own_credential_model_and_path_never_the_clients() {
     );
 }
 
-/// The filter validates the usual body in one walk and leaves anything it
-/// is not sure of to a full DOM validator (`src/request/fast.rs`). Either way
-/// the provider gets the client's members byte for byte, only the model
+/// The filter reads the usual body's text without a DOM and leaves
+/// anything its walk is not sure of to serde's DOM (`src/request/view.rs`).
+/// Either way the provider gets the client's members byte for byte, only the model
 /// renamed (written last, as the model is here) and an escaped name written
 /// plainly.
 #[test]
-fn bodies_either_validator_reads_reach_the_provider_byte_for_byte() {
+fn bodies_either_form_reads_reach_the_provider_byte_for_byte() {
     let gw = Gateway::start();
     let message = r#"{"role":"user","content":"caf\u00e9 \ud83d\ude00 \"quoted\""}"#;
     let deep = format!(r#""metadata":{{"a":{}{}}}"#, "[".repeat(70), "]".repeat(70));

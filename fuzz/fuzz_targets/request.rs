@@ -1,6 +1,7 @@
 //! Request validation, for both operations: an error is always the
 //! contract's 400 envelope, an accepted body is stable when re-encoded, and
-//! the fast path answers exactly as the DOM validator alone does.
+//! the rules read through the client's text answer exactly as they do
+//! through serde's DOM alone.
 
 #![no_main]
 
@@ -14,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
         let dom = request::parse_dom(op, data);
         match request::parse(op, data) {
             Ok(r) => {
-                let d = dom.expect("the fast path accepts only what the DOM validator accepts");
+                let d = dom.expect("the text is accepted only where the DOM is");
                 assert_eq!(
                     (&r.model, r.stream, r.include_usage),
                     (&d.model, d.stream, d.include_usage)
@@ -33,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
             Err(e) => {
                 check_api_error(&e);
                 assert_eq!((e.status, e.kind.as_str()), (400, "invalid_request_error"), "{e:?}");
-                assert_eq!(Some(e), dom.err(), "the fast path refuses nothing itself");
+                assert_eq!(Some(e), dom.err(), "the text and the DOM are refused alike");
             }
         }
     }

@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use memchr::memmem::Finder;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::answer::{self, Stamp};
 use crate::attempts::{self, Attempts, Prepared};
@@ -27,6 +27,7 @@ use crate::errors::{ApiError, ErrorType, Header};
 use crate::ids::new_id;
 use crate::limits::{self, SharedStore, Standing};
 use crate::metrics;
+use crate::models;
 use crate::providers::{self, UpstreamRequest};
 use crate::redact;
 use crate::request::{self, Operation, ParsedRequest};
@@ -382,12 +383,13 @@ impl Exchange {
                 HeadersAction::ReadBody
             }
             Ok(None) => {
-                let reply = match sub.strip_prefix(b"/models/") {
-                    Some(id) => self.model_entry(id),
-                    None => Ok(self.models_listing()),
+                let key = self.record.key.as_deref();
+                let listed = match sub.strip_prefix(b"/models/") {
+                    Some(id) => models::entry(&cfg, key, id),
+                    None => Ok(models::listing(&cfg, key)),
                 };
-                match reply {
-                    Ok(reply) => HeadersAction::Reply(self.reply(reply)),
+                match listed {
+                    Ok(listed) => HeadersAction::Reply(self.reply(json_reply(&listed))),
                     Err(e) => HeadersAction::Reply(self.reply_error(&e)),
                 }
             }
@@ -1166,47 +1168,6 @@ impl Exchange {
         self.serving().map(|p| p.id.as_str())
     }
 
-    fn models_listing(&self) -> Reply {
-        json_reply(&json!({"object": "list", "data": self.listed_models()}))
-    }
-
-    /// `GET /models/{id}` (`models.retrieve`): the entry the listing has for
-    /// `id`, sent as is or percent-encoded (the official clients send
-    /// `demo%2Fchat`); 404 `model_not_found` otherwise.
-    fn model_entry(&self, id: &[u8]) -> Result<Reply, ApiError> {
-        let id = percent_decoded(id);
-        self.listed_models()
-            .into_iter()
-            .find(|m| m.get("id").and_then(Value::as_str).map(str::as_bytes) == Some(id.as_slice()))
-            .map(|entry| json_reply(&entry))
-            .ok_or_else(|| routing::model_not_found(&String::from_utf8_lossy(&id)))
-    }
-
-    /// The listing's entries (contract §7).
-    fn listed_models(&self) -> Vec<Value> {
-        let key = self.record.key.as_ref();
-        self.config
-            .models
-            .iter()
-            .filter(|m| key.is_none_or(|k| auth::may_use(k, &m.id)))
-            .filter_map(|m| {
-                // Only the endpoints that can be tried: a provider without its
-                // credential never is (contract §5), and a model none of whose
-                // providers has one cannot be served, so it is not listed.
-                let providers: Vec<&str> = m
-                    .endpoints
-                    .iter()
-                    .filter(|e| e.provider.credential.is_some())
-                    .map(|e| e.provider.id.as_str())
-                    .collect();
-                let owner = m.id.split('/').next().unwrap_or_default();
-                (!providers.is_empty()).then(
-                    || json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner, "providers": providers}),
-                )
-            })
-            .collect()
-    }
-
     /// The access log line (contract §3: never a credential or a body).
     fn access_log(&self, duration_ms: u64) -> String {
         use std::fmt::Write;
@@ -1434,26 +1395,6 @@ fn json_reply(value: &Value) -> Reply {
     }
 }
 
-/// A path segment with its `%XX` escapes decoded (a `%` not followed by two
-/// hex digits stays as it is).
-fn percent_decoded(segment: &[u8]) -> Vec<u8> {
-    let hex = |b: u8| char::from(b).to_digit(16);
-    let mut out = Vec::with_capacity(segment.len());
-    let mut rest = segment;
-    while let Some((&b, tail)) = rest.split_first() {
-        if let (b'%', [hi, lo, after @ ..]) = (b, tail)
-            && let (Some(hi), Some(lo)) = (hex(*hi), hex(*lo))
-        {
-            out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'%'));
-            rest = after;
-            continue;
-        }
-        out.push(b);
-        rest = tail;
-    }
-    out
-}
-
 /// Envoy's own replies to an `http_call` (connect failure, reset, timeout),
 /// told apart from a provider's answer with the same status by their text.
 fn is_envoy_local_reply(status: u16, body: &[u8]) -> bool {
@@ -1526,25 +1467,10 @@ fn printable(raw: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use crate::config::Keys;
     use crate::limits::tests::MemoryStore;
     use sha2::{Digest, Sha256};
-
-    #[test]
-    fn path_segments_are_percent_decoded() {
-        for (segment, decoded) in [
-            ("demo%2Fchat", "demo/chat"),
-            ("demo%2fchat", "demo/chat"),
-            ("a%20b%25", "a b%"),
-            ("plain", "plain"),
-            ("bad%2", "bad%2"),
-            ("bad%zz", "bad%zz"),
-            ("%", "%"),
-            ("%e2%9c%93", "✓"),
-        ] {
-            assert_eq!(percent_decoded(segment.as_bytes()), decoded.as_bytes(), "{segment}");
-        }
-    }
 
     const SECRET: &str = "sk-oa-secret-0123456789";
     const ANTHROPIC_SECRET: &str = "sk-an-secret-9876543210";

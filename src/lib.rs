@@ -17,6 +17,9 @@
 //!    Whatever came from a provider has its credential scrubbed ([`redact`]).
 //! 5. The access log line and the stats come from [`exchange::Exchange::on_log`].
 //!
+//! Under `base_path`, `GET /models` and `GET /models/{id}` are answered by
+//! [`models`] once the key is checked.
+//!
 //! [`config`] parses the plugin configuration once per VM; [`json`] is the
 //! JSON toolkit (a literal DOM reader, one-pass member reads and walks,
 //! targeted rewrites).
@@ -32,6 +35,7 @@ pub mod ids;
 pub mod json;
 pub mod limits;
 pub mod metrics;
+pub mod models;
 pub mod providers;
 pub mod redact;
 pub mod request;

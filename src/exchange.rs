@@ -12,7 +12,6 @@
 //! Each state holds the data only it needs; what the log and the stats say
 //! of the request is gathered in one `Record` beside it.
 
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -22,18 +21,18 @@ use serde_json::Value;
 use crate::answer::{self, Stamp};
 use crate::attempts::{self, Attempts, Prepared};
 use crate::auth;
-use crate::config::{Api, Config, Fallback, Key, Limits, Provider};
+use crate::config::{Api, Config, Fallback, Limits, Provider};
 use crate::errors::{ApiError, ErrorType, Header};
 use crate::ids::new_id;
-use crate::limits::{self, SharedStore, Standing};
+use crate::limits::{self, SharedStore};
 use crate::metrics;
 use crate::models;
 use crate::providers::{self, UpstreamRequest};
+use crate::record::Record;
 use crate::redact;
 use crate::request::{self, Operation, ParsedRequest};
 use crate::routing::{self, Candidate};
 use crate::stream::StreamRewriter;
-use crate::usage::Usage;
 
 /// A local reply: the filter answers without (further) upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,10 +76,6 @@ pub enum BodyStep {
 /// The filter state `wasm.waygate_key_id`: the client key's id, for Envoy's
 /// rate limit descriptors and access log (README "Limits and stats").
 pub const KEY_ID_PROPERTY: &str = "waygate_key_id";
-/// The filter state `wasm.waygate_total_tokens`: the answer's prompt plus
-/// completion tokens, what a token budget of Envoy's rate limit filter is charged.
-pub const TOTAL_TOKENS_PROPERTY: &str = "waygate_total_tokens";
-
 /// The rewritten request to send upstream, applied in field order.
 #[derive(Debug, Clone)]
 pub struct Forward {
@@ -266,24 +261,6 @@ enum State {
     Buffering(Routed, Held),
     /// Answered (locally or upstream); only the log is left.
     Done,
-}
-
-/// What the access log and the stats say of the request, gathered as it
-/// goes. Every `None` is a request that ended before the fact was known.
-#[derive(Default)]
-struct Record {
-    key: Option<Rc<Key>>,
-    title: Option<String>,
-    referer: Option<String>,
-    model: Option<String>,
-    /// Every attempt made: its provider and outcome (a status, or `error`).
-    attempts: Vec<(Rc<Provider>, String)>,
-    status: u16,
-    /// The contract code of the error answered, if any.
-    error_code: Option<String>,
-    usage: Option<Usage>,
-    /// The key's limits and use, when it has limits.
-    standing: Option<Standing>,
 }
 
 /// One request's state.
@@ -771,7 +748,7 @@ impl Exchange {
             "invalid_upstream_response",
             format!(
                 "The provider's answer was larger than {MAX_ANSWER_BYTES} bytes ({}).",
-                self.attempt_summary()
+                self.record.attempt_summary()
             ),
         )
     }
@@ -901,7 +878,10 @@ impl Exchange {
                         502,
                         ErrorType::Upstream,
                         "invalid_upstream_response",
-                        format!("The provider's answer was not valid ({}).", self.attempt_summary()),
+                        format!(
+                            "The provider's answer was not valid ({}).",
+                            self.record.attempt_summary()
+                        ),
                     );
                     self.rewrite_error(&e, false)
                 }
@@ -927,7 +907,10 @@ impl Exchange {
                     429,
                     ErrorType::RateLimit,
                     "upstream_rate_limited",
-                    format!("Every provider tried is rate limited ({}).", self.attempt_summary()),
+                    format!(
+                        "Every provider tried is rate limited ({}).",
+                        self.record.attempt_summary()
+                    ),
                 );
                 e.retry_after = held
                     .retry_after
@@ -984,7 +967,7 @@ impl Exchange {
             502,
             ErrorType::Upstream,
             "upstream_error",
-            format!("Every provider tried failed ({}).", self.attempt_summary()),
+            format!("Every provider tried failed ({}).", self.record.attempt_summary()),
         )
     }
 
@@ -993,7 +976,10 @@ impl Exchange {
             504,
             ErrorType::Upstream,
             "upstream_timeout",
-            format!("The provider did not answer in time ({}).", self.attempt_summary()),
+            format!(
+                "The provider did not answer in time ({}).",
+                self.record.attempt_summary()
+            ),
         )
     }
 
@@ -1028,28 +1014,9 @@ impl Exchange {
             headers.push(("x-waygate-provider".to_string(), p.to_string()));
         }
         if !self.record.attempts.is_empty() {
-            headers.push(("x-waygate-attempts".to_string(), self.attempt_list()));
+            headers.push(("x-waygate-attempts".to_string(), self.record.attempt_list()));
         }
         headers
-    }
-
-    /// `openai: 503, groq: error` for messages.
-    fn attempt_summary(&self) -> String {
-        let list: Vec<String> = self
-            .record
-            .attempts
-            .iter()
-            .map(|(p, outcome)| {
-                // `error` is every failure of Envoy's: its timeouts too.
-                let outcome = if outcome == "error" {
-                    "connect failure, reset or timeout"
-                } else {
-                    outcome
-                };
-                format!("{}: {outcome}", p.id)
-            })
-            .collect();
-        list.join(", ")
     }
 
     /// The provider asked now, or the last one asked.
@@ -1138,28 +1105,16 @@ impl Exchange {
         if let (Some(_), Some(usage), Some(key)) = (record.standing, record.usage, &record.key) {
             limits::record_tokens(store, key, now, usage.total());
         }
-        let attempts = record
-            .attempts
-            .iter()
-            .map(|(p, o)| (p.id.as_str(), o.as_str()))
-            .collect();
-        let summary = metrics::Summary {
-            key: record.key.as_ref().map(|k| k.id.as_str()),
-            model: record.model.as_deref(),
-            provider: if record.attempts.is_empty() {
-                None
-            } else {
-                self.served_by()
-            },
-            attempts,
-            status: record.status,
-            error_code: record.error_code.as_deref(),
-            usage: record.usage,
+        let served_by = if record.attempts.is_empty() {
+            None
+        } else {
+            self.served_by()
         };
+        let summary = record.summary(served_by);
         let metrics = metrics::updates(&summary, timing, open);
         Some(Log {
             metrics,
-            line: self.access_log(duration_ms),
+            line: record.access_line(self.served_by(), duration_ms),
         })
     }
 
@@ -1168,77 +1123,10 @@ impl Exchange {
         self.serving().map(|p| p.id.as_str())
     }
 
-    /// The access log line (contract §3: never a credential or a body).
-    fn access_log(&self, duration_ms: u64) -> String {
-        use std::fmt::Write;
-        let record = &self.record;
-        let attempts = self.attempt_list();
-        let usage = record.usage.unwrap_or_default();
-        // Built piece by piece: one line per request, and `format!` with ten
-        // arguments costs more than the rest of the log phase in wasm.
-        let model = record.model.as_deref().map_or(Cow::Borrowed("-"), redact::log_field);
-        let mut line = String::with_capacity(256);
-        for (name, value) in [
-            (
-                "waygate access key=",
-                record.key.as_ref().map_or("-", |k| k.id.as_str()),
-            ),
-            (" model=", &model),
-            (" provider=", self.served_by().unwrap_or("-")),
-            (" attempts=", if attempts.is_empty() { "-" } else { &attempts }),
-        ] {
-            line.push_str(name);
-            line.push_str(value);
-        }
-        for (name, value) in [
-            (" status=", u64::from(record.status)),
-            (" prompt_tokens=", usage.prompt_tokens),
-            (" completion_tokens=", usage.completion_tokens),
-            (" duration_ms=", duration_ms),
-        ] {
-            line.push_str(name);
-            line.push_str(&value.to_string());
-        }
-        // Client-supplied text, quoted and escaped as Rust's Debug does.
-        let _ = write!(
-            line,
-            " title={:?} referer={:?}",
-            record.title.as_deref().unwrap_or(""),
-            record.referer.as_deref().unwrap_or("")
-        );
-        line
-    }
-
-    /// `provider:outcome` for every attempt, comma-separated.
-    fn attempt_list(&self) -> String {
-        let mut list = String::new();
-        for (provider, outcome) in &self.record.attempts {
-            if !list.is_empty() {
-                list.push(',');
-            }
-            list.push_str(&provider.id);
-            list.push(':');
-            list.push_str(outcome);
-        }
-        list
-    }
-
-    /// The filter state that tells Envoy's access log and rate limit filter
-    /// what the answer spent (contract "Observability"), to publish once the
-    /// answer is known (before a stream's end: the rate limit filter charges
-    /// it then). An answer without usage (an error, a refusal) spent no
-    /// tokens: the total reads 0 rather than nothing, which the rate limit
-    /// filter would skip with a warning.
+    /// The filter state that tells Envoy what the answer spent
+    /// ([`Record::usage_properties`]).
     pub fn usage_properties(&self) -> Vec<(&'static str, String)> {
-        let Some(usage) = self.record.usage else {
-            return vec![(TOTAL_TOKENS_PROPERTY, "0".into())];
-        };
-        vec![
-            ("waygate_prompt_tokens", usage.prompt_tokens.to_string()),
-            ("waygate_completion_tokens", usage.completion_tokens.to_string()),
-            (TOTAL_TOKENS_PROPERTY, usage.total().to_string()),
-            ("waygate_provider", self.served_by().unwrap_or("-").to_string()),
-        ]
+        self.record.usage_properties(self.served_by())
     }
 }
 
@@ -1467,9 +1355,10 @@ fn printable(raw: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
     use crate::config::Keys;
     use crate::limits::tests::MemoryStore;
+    use crate::record::TOTAL_TOKENS_PROPERTY;
+    use serde_json::json;
     use sha2::{Digest, Sha256};
 
     const SECRET: &str = "sk-oa-secret-0123456789";

@@ -15,7 +15,8 @@
 //!    provider translator, OpenAI chunks out); a JSON answer or an error is
 //!    buffered and reshaped by [`answer`] or into an [`errors::ApiError`].
 //!    Whatever came from a provider has its credential scrubbed ([`redact`]).
-//! 5. The access log line and the stats come from [`exchange::Exchange::on_log`].
+//! 5. The access log line and the stats come from [`exchange::Exchange::on_log`],
+//!    out of the [`record`] the exchange kept of the request.
 //!
 //! Under `base_path`, `GET /models` and `GET /models/{id}` are answered by
 //! [`models`] once the key is checked.
@@ -37,6 +38,7 @@ pub mod limits;
 pub mod metrics;
 pub mod models;
 pub mod providers;
+pub mod record;
 pub mod redact;
 pub mod request;
 pub mod routing;

@@ -10,6 +10,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Deserializer};
 
 use crate::glob::Glob;
+use crate::redact::Secret;
 
 /// Which wire API a provider speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -128,7 +129,7 @@ pub struct Provider {
     pub path_prefix: String,
     /// `None` when `api_key_env` names a variable the VM does not have: the
     /// provider is then never a candidate (so `make run` works with no keys).
-    pub credential: Option<String>,
+    pub credential: Option<Secret>,
     /// Where the credential comes from, for messages (never the value).
     pub credential_source: String,
     pub legacy_completions: bool,
@@ -148,6 +149,14 @@ pub struct Model {
 pub struct Endpoint {
     pub provider: Rc<Provider>,
     pub model: String,
+}
+
+impl Provider {
+    /// The credential to send: empty for none, which routing never lets
+    /// reach a request.
+    pub fn credential_text(&self) -> &str {
+        self.credential.as_ref().map_or("", Secret::as_str)
+    }
 }
 
 impl Config {
@@ -368,7 +377,7 @@ fn validate_providers(
             cluster: p.cluster,
             authority: p.authority,
             path_prefix,
-            credential,
+            credential: credential.map(|c| Secret::new(&c)),
             credential_source,
             legacy_completions: p.legacy_completions.unwrap_or(false),
             timeout_ms,
@@ -552,7 +561,7 @@ mod tests {
         let env = |name: &str| (name == "OPENAI_API_KEY").then(|| "sk-real".to_string());
         let c = Config::parse(json.as_bytes(), &env).unwrap();
         assert_eq!(c.providers.len(), 5);
-        assert_eq!(c.providers[0].credential.as_deref(), Some("sk-real"));
+        assert_eq!(c.providers[0].credential_text(), "sk-real");
         assert_eq!(c.providers[1].credential, None, "unset env var: provider unavailable");
         assert_eq!(c.providers[2].path_prefix, "/v1beta");
         assert_eq!(c.models[0].endpoints[1].provider.id, "together");

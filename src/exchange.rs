@@ -23,13 +23,14 @@ use crate::attempts::{self, Attempts, Prepared};
 use crate::auth;
 use crate::config::{Api, Config, Fallback, Limits, Provider};
 use crate::errors::{ApiError, ErrorType, Header};
+use crate::headers::{ResponseHead, header_in, is_json, names_where, printable};
 use crate::ids::new_id;
 use crate::limits::{self, SharedStore};
 use crate::metrics;
 use crate::models;
 use crate::providers::{self, UpstreamRequest};
 use crate::record::Record;
-use crate::redact;
+use crate::redact::{self, Secret};
 use crate::request::{self, Operation, ParsedRequest};
 use crate::routing::{self, Candidate};
 use crate::stream::StreamRewriter;
@@ -758,10 +759,9 @@ impl Exchange {
     /// value to set in place of every value of that name (joined with `, `).
     fn scrub_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, pairs: &[(K, V)]) -> Vec<Header> {
         let sent = self.sent_credentials();
-        let secrets: Vec<Finder<'_>> = sent.iter().map(Finder::new).collect();
         let mut scrubbed: Vec<Header> = Vec::new();
         for (name, value) in pairs {
-            if !secrets.iter().any(|s| s.find(value.as_ref()).is_some()) {
+            if !sent.iter().any(|s| s.occurs_in(value.as_ref())) {
                 continue;
             }
             let Ok(name) = std::str::from_utf8(name.as_ref()) else {
@@ -1030,12 +1030,12 @@ impl Exchange {
     /// The credentials of every provider this request was sent to. A
     /// provider that echoes the request (its error message, an echo model, a
     /// value serde quotes back) would otherwise hand our key to the client.
-    fn sent_credentials(&self) -> Vec<&str> {
+    fn sent_credentials(&self) -> Vec<&Secret> {
         // A handful of providers at most: no sort (its code would be kilobytes of the module).
-        let mut sent: Vec<&str> = Vec::new();
+        let mut sent: Vec<&Secret> = Vec::new();
         for p in self.record.attempts.iter().map(|(p, _)| p).chain(self.serving()) {
-            if let Some(credential) = p.credential.as_deref()
-                && credential.len() >= redact::MIN_LEN
+            if let Some(credential) = &p.credential
+                && credential.worth_scrubbing()
                 && !sent.contains(&credential)
             {
                 sent.push(credential);
@@ -1046,7 +1046,7 @@ impl Exchange {
 
     fn redact(&self, bytes: &mut Vec<u8>) {
         for secret in self.sent_credentials() {
-            redact::scrub(bytes, secret);
+            secret.scrub_from(bytes, 0);
         }
     }
 
@@ -1128,36 +1128,6 @@ impl Exchange {
     pub fn usage_properties(&self) -> Vec<(&'static str, String)> {
         self.record.usage_properties(self.served_by())
     }
-}
-
-/// What the exchange reads of an upstream response's headers.
-struct ResponseHead {
-    /// 0 when there is none (a reset call).
-    status: u16,
-    event_stream: bool,
-    retry_after: Option<String>,
-}
-
-impl ResponseHead {
-    fn read<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)]) -> ResponseHead {
-        ResponseHead {
-            status: header_in(pairs, ":status")
-                .and_then(|s| std::str::from_utf8(s).ok())
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0),
-            event_stream: header_in(pairs, "content-type")
-                .is_some_and(|ct| starts_with_ignore_case(ct, b"text/event-stream")),
-            retry_after: header_in(pairs, "retry-after").map(|v| String::from_utf8_lossy(v).trim().to_string()),
-        }
-    }
-}
-
-/// The first value of header `name` (lowercase) in `pairs`.
-fn header_in<'p, K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &'p [(K, V)], name: &str) -> Option<&'p [u8]> {
-    pairs
-        .iter()
-        .find(|(k, _)| k.as_ref() == name.as_bytes())
-        .map(|(_, v)| v.as_ref())
 }
 
 /// The request sent to `provider` (`"http_call"` fallback): its path,
@@ -1244,7 +1214,7 @@ fn new_rewriter(asked: &Asked, provider: &Provider) -> StreamRewriter {
     let rewriter = StreamRewriter::new(translator, asked.stamp.clone(), asked.request.include_usage);
     // Deltas may split the credential, which the byte-level redaction of
     // each output cannot see: the rewriter scrubs the text itself.
-    match provider.credential.as_deref().filter(|c| c.len() >= redact::MIN_LEN) {
+    match provider.credential.as_ref().filter(|c| c.worth_scrubbing()) {
         Some(secret) => rewriter.redacting(secret),
         None => rewriter,
     }
@@ -1308,48 +1278,10 @@ fn key_headers<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)], authorization: 
     })
 }
 
-/// The names of the headers in `pairs` that `pick` chooses by name and
-/// value, each once, in order; a name that is not UTF-8 is never chosen.
-fn names_where<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)], pick: impl Fn(&str, &[u8]) -> bool) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for (name, value) in pairs {
-        if let Ok(name) = std::str::from_utf8(name.as_ref())
-            && pick(name, value.as_ref())
-            && !names.iter().any(|n| n == name)
-        {
-            names.push(name.to_string());
-        }
-    }
-    names
-}
-
 /// The part of `path` after `base`, when `path` is `base` or below it.
 fn under_base<'p>(path: &'p [u8], base: &[u8]) -> Option<&'p [u8]> {
     let rest = path.strip_prefix(base)?;
     (rest.is_empty() || rest.first() == Some(&b'/')).then_some(rest)
-}
-
-fn is_json(content_type: Option<&[u8]>) -> bool {
-    let Some(ct) = content_type else { return false };
-    let media = ct.split(|b| *b == b';').next().unwrap_or_default();
-    let media = String::from_utf8_lossy(media);
-    media.trim().eq_ignore_ascii_case("application/json")
-}
-
-fn starts_with_ignore_case(haystack: &[u8], prefix: &[u8]) -> bool {
-    haystack
-        .get(..prefix.len())
-        .is_some_and(|h| h.eq_ignore_ascii_case(prefix))
-}
-
-/// A client-supplied attribution header, made safe for one log line (always
-/// quoted there, unlike [`redact::log_field`], as the contract's line shows it).
-fn printable(raw: &[u8]) -> String {
-    String::from_utf8_lossy(raw)
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(redact::LOG_FIELD_CHARS)
-        .collect()
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ pub mod config;
 pub mod errors;
 pub mod exchange;
 pub mod glob;
+pub mod headers;
 pub mod ids;
 pub mod json;
 pub mod limits;

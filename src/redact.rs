@@ -5,11 +5,12 @@
 //! A provider may echo the request it got, its credential included: in an
 //! error message, an echo model's answer, a value serde quotes back when it
 //! refuses an answer. Whatever the filter passes on from a provider goes
-//! through [`scrub`] first (streams through
+//! through [`Secret::scrub_from`] first (streams through
 //! [`crate::stream::StreamRewriter::redacting`], which also catches a
 //! credential split across deltas).
 
 use std::borrow::Cow;
+use std::fmt;
 
 use memchr::memmem::Finder;
 
@@ -19,19 +20,6 @@ pub const REDACTED: &str = "[redacted]";
 /// Shorter credentials are not scrubbed: replacing every occurrence of a
 /// few characters would mangle answers (real provider keys are far longer).
 pub const MIN_LEN: usize = 8;
-
-/// Replaces every occurrence of `secret` in `bytes`, as is and as it looks
-/// inside a JSON string, with [`REDACTED`]. Runs on every held answer, so it
-/// allocates only when it finds something (or for a secret with characters
-/// JSON escapes).
-pub fn scrub(bytes: &mut Vec<u8>, secret: &str) {
-    if secret.len() >= MIN_LEN {
-        replace_all(bytes, 0, &Finder::new(secret));
-        if let Some(escaped) = escaped_form(secret) {
-            replace_all(bytes, 0, &Finder::new(&escaped));
-        }
-    }
-}
 
 /// Most characters of client text a log field keeps (`X-Title` and
 /// `HTTP-Referer` too).
@@ -52,14 +40,36 @@ pub fn log_field(text: &str) -> Cow<'_, str> {
     }
 }
 
-/// A credential made ready for scrubbing many outputs (a stream scrubs
-/// every callback's): its searches, as is and JSON-escaped, built once.
+/// A provider's credential: its text, for the request headers, and its
+/// searches (as is and JSON-escaped), built once with the configuration for
+/// everything that comes back. Its `Debug` never shows it.
+#[derive(Clone)]
 pub struct Secret {
     plain: String,
     finder: Finder<'static>,
     /// The secret as it looks inside a JSON string, when that differs
     /// (usual keys have nothing JSON escapes).
     escaped: Option<Finder<'static>>,
+}
+
+impl PartialEq for Secret {
+    fn eq(&self, other: &Self) -> bool {
+        self.plain == other.plain
+    }
+}
+
+impl Eq for Secret {}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(secret: &str) -> Secret {
+        Secret::new(secret)
+    }
 }
 
 impl Secret {
@@ -71,6 +81,11 @@ impl Secret {
         }
     }
 
+    /// Whether it is scrubbed at all: not when shorter than [`MIN_LEN`].
+    pub fn worth_scrubbing(&self) -> bool {
+        self.plain.len() >= MIN_LEN
+    }
+
     pub fn as_str(&self) -> &str {
         &self.plain
     }
@@ -80,9 +95,11 @@ impl Secret {
         self.finder.find(bytes).is_some()
     }
 
-    /// Replaces every occurrence after `start`, in either form, with [`REDACTED`].
+    /// Replaces every occurrence after `start`, in either form, with
+    /// [`REDACTED`]. Runs on every held answer, so it allocates only when it
+    /// finds something.
     pub fn scrub_from(&self, bytes: &mut Vec<u8>, start: usize) {
-        if self.plain.len() < MIN_LEN {
+        if !self.worth_scrubbing() {
             return;
         }
         replace_all(bytes, start, &self.finder);
@@ -131,17 +148,17 @@ mod tests {
     #[test]
     fn every_occurrence_is_replaced_and_short_keys_are_spared() {
         let mut bytes = b"aSECRET-KEYbSECRET-KEYSECRET-KEYc".to_vec();
-        scrub(&mut bytes, "SECRET-KEY");
+        Secret::new("SECRET-KEY").scrub_from(&mut bytes, 0);
         assert_eq!(text(&bytes), "a[redacted]b[redacted][redacted]c");
         let mut bytes = b"a short key".to_vec();
-        scrub(&mut bytes, "short");
+        Secret::new("short").scrub_from(&mut bytes, 0);
         assert_eq!(text(&bytes), "a short key");
     }
 
     #[test]
     fn the_json_escaped_form_is_replaced_too() {
         let mut bytes = br#"{"m":"key \"quoted\" key"}"#.to_vec();
-        scrub(&mut bytes, r#"key "quoted" key"#);
+        Secret::new(r#"key "quoted" key"#).scrub_from(&mut bytes, 0);
         assert_eq!(text(&bytes), r#"{"m":"[redacted]"}"#);
     }
 
@@ -151,8 +168,16 @@ mod tests {
         Secret::new("sk-proj-abQ9z").scrub_from(&mut bytes, 1);
         assert_eq!(text(&bytes), "sk-proj-abQ9z sk-proj-abQ9 [redacted][redacted]");
         let mut bytes = b"aaaaaaaaa".to_vec();
-        scrub(&mut bytes, "aaaaaaaa");
+        Secret::new("aaaaaaaa").scrub_from(&mut bytes, 0);
         assert_eq!(text(&bytes), "[redacted]a");
+    }
+
+    #[test]
+    fn a_secret_never_shows_in_debug() {
+        let secret = Secret::new("sk-proj-abQ9z");
+        assert_eq!(format!("{secret:?}"), REDACTED);
+        assert_eq!(secret, Secret::new("sk-proj-abQ9z"));
+        assert_ne!(secret, Secret::new("sk-proj-abQ9y"));
     }
 
     #[test]

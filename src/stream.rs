@@ -96,8 +96,8 @@ impl StreamRewriter {
     }
 
     /// Scrubs `secret` (the provider's credential) from everything written.
-    pub fn redacting(mut self, secret: &str) -> Self {
-        if secret.len() >= redact::MIN_LEN {
+    pub fn redacting(mut self, secret: &redact::Secret) -> Self {
+        if secret.worth_scrubbing() {
             let scrubber = Scrubber::new(secret);
             // Every word a text delta's chunk is written with, but its text
             // and index: the head, the members, the role.
@@ -622,12 +622,13 @@ struct Scrubber {
 }
 
 impl Scrubber {
-    fn new(secret: &str) -> Scrubber {
+    fn new(secret: &redact::Secret) -> Scrubber {
         let word_byte = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+        let plain = secret.as_str();
         Scrubber {
-            secret: redact::Secret::new(secret),
-            word: secret.as_bytes().iter().all(word_byte) && !secret.bytes().all(|b| b.is_ascii_digit()),
-            positions: Positions::new(secret.as_bytes()),
+            word: plain.as_bytes().iter().all(word_byte) && !plain.bytes().all(|b| b.is_ascii_digit()),
+            positions: Positions::new(plain.as_bytes()),
+            secret: secret.clone(),
             choices: Vec::new(),
         }
     }
@@ -998,7 +999,7 @@ mod tests {
         let make = || {
             let r = StreamRewriter::new(translator(), stamp(Operation::Chat), true);
             match secret {
-                Some(secret) => r.redacting(secret),
+                Some(secret) => r.redacting(&secret.into()),
                 None => r,
             }
         };
@@ -1176,7 +1177,7 @@ mod tests {
                     let make = || {
                         let r = StreamRewriter::new(Box::new(Deltas { dom }), stamp(op), true);
                         match secret {
-                            Some(secret) => r.redacting(secret),
+                            Some(secret) => r.redacting(&secret.into()),
                             None => r,
                         }
                     };
@@ -1209,8 +1210,10 @@ mod tests {
         ];
         for (secret, event) in cases {
             let input = format!("data: {event}\n\ndata: [DONE]\n\n");
-            let make =
-                || StreamRewriter::new(Box::new(Deltas { dom: false }), stamp(Operation::Chat), true).redacting(secret);
+            let make = || {
+                StreamRewriter::new(Box::new(Deltas { dom: false }), stamp(Operation::Chat), true)
+                    .redacting(&secret.into())
+            };
             let written = replay_with(&make, input.as_bytes());
             let escaped = serde_json::to_string(secret).unwrap();
             assert!(!written.contains(secret), "{secret}: {written}");
@@ -1234,8 +1237,10 @@ mod tests {
                 json!({"i": 0, "t": "hi"}),
                 json!({"i": 0, "f": finish})
             );
-            let make =
-                || StreamRewriter::new(Box::new(Deltas { dom: false }), stamp(Operation::Chat), true).redacting(secret);
+            let make = || {
+                StreamRewriter::new(Box::new(Deltas { dom: false }), stamp(Operation::Chat), true)
+                    .redacting(&secret.into())
+            };
             let written = replay_with(&make, input.as_bytes());
             assert!(!written.contains(secret), "{secret}: {written}");
             assert!(written.contains("[redacted]"), "{secret}: {written}");
@@ -1257,7 +1262,7 @@ mod tests {
 
     /// Replays with the secret scrubbed; returns the client's events.
     fn scrubbed(op: Operation, input: &str) -> Vec<Value> {
-        let make = || StreamRewriter::new(Box::new(OpenAiStream), stamp(op), true).redacting(SECRET);
+        let make = || StreamRewriter::new(Box::new(OpenAiStream), stamp(op), true).redacting(&SECRET.into());
         parsed(&replay_with(&make, input.as_bytes()))
     }
 

@@ -185,7 +185,7 @@ pub fn rewrite_with(
 ) -> Vec<u8> {
     let mut rewriter = StreamRewriter::new(translator, stamp(request.op), request.include_usage);
     if redact {
-        rewriter = rewriter.redacting(STREAM_SECRET);
+        rewriter = rewriter.redacting(&STREAM_SECRET.into());
     }
     let mut out = Vec::new();
     for chunk in chunks {
@@ -553,7 +553,7 @@ pub fn check_build(api: Api, data: &[u8]) {
         "the path is one visible-ASCII token: {:?}",
         up.path
     );
-    let secret = provider.credential.clone().unwrap_or_default();
+    let secret = provider.credential_text().to_string();
     for (name, value) in &up.headers {
         check_header(name, value);
     }

@@ -145,7 +145,7 @@ pub fn build_request(
     }
 
     let bytes = serde_json::to_vec(&Value::Object(out)).map_err(|_| encode_failed())?;
-    let credential = provider.credential.as_deref().unwrap_or_default();
+    let credential = provider.credential_text();
     Ok(UpstreamRequest {
         path: format!("{}/messages", provider.path_prefix),
         headers: vec![

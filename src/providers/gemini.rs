@@ -88,7 +88,7 @@ pub fn build_request(
     } else {
         "generateContent"
     };
-    let credential = provider.credential.as_deref().unwrap_or_default();
+    let credential = provider.credential_text();
     Ok(UpstreamRequest {
         path: format!("{}/models/{}:{method}", provider.path_prefix, path_segment(model)),
         headers: vec![("x-goog-api-key".into(), credential.to_string())],

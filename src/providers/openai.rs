@@ -42,7 +42,7 @@ pub fn build_request(
         let body = serde_json::to_vec(&Value::Object(body)).map_err(|_| internal())?;
         ("/chat/completions", body)
     };
-    let credential = provider.credential.as_deref().unwrap_or_default();
+    let credential = provider.credential_text();
     Ok(UpstreamRequest {
         path: [provider.path_prefix.as_str(), path].concat(),
         headers: vec![("authorization".into(), ["Bearer ", credential].concat())],

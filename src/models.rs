@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::auth;
-use crate::config::{Config, Key};
+use crate::config::{Config, Key, Model};
 use crate::errors::ApiError;
 use crate::routing;
 
@@ -19,34 +19,39 @@ pub fn listing(config: &Config, key: Option<&Key>) -> Value {
 /// `demo%2Fchat`); 404 `model_not_found` otherwise.
 pub fn entry(config: &Config, key: Option<&Key>, id: &[u8]) -> Result<Value, ApiError> {
     let id = percent_decoded(id);
-    entries(config, key)
-        .into_iter()
-        .find(|m| m.get("id").and_then(Value::as_str).map(str::as_bytes) == Some(id.as_slice()))
+    listed(config, key)
+        .find(|m| m.id.as_bytes() == id.as_slice())
+        .and_then(model_entry)
         .ok_or_else(|| routing::model_not_found(&String::from_utf8_lossy(&id)))
 }
 
 /// The listing's entries.
 fn entries(config: &Config, key: Option<&Key>) -> Vec<Value> {
+    listed(config, key).filter_map(model_entry).collect()
+}
+
+/// The configured models `key` may use.
+fn listed<'c>(config: &'c Config, key: Option<&'c Key>) -> impl Iterator<Item = &'c Model> {
     config
         .models
         .iter()
-        .filter(|m| key.is_none_or(|k| auth::may_use(k, &m.id)))
-        .filter_map(|m| {
-            // Only the endpoints that can be tried: a provider without its
-            // credential never is (contract §5), and a model none of whose
-            // providers has one cannot be served, so it is not listed.
-            let providers: Vec<&str> = m
-                .endpoints
-                .iter()
-                .filter(|e| e.provider.credential.is_some())
-                .map(|e| e.provider.id.as_str())
-                .collect();
-            let owner = m.id.split('/').next().unwrap_or_default();
-            (!providers.is_empty()).then(
-                || json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner, "providers": providers}),
-            )
-        })
-        .collect()
+        .filter(move |m| key.is_none_or(|k| auth::may_use(k, &m.id)))
+}
+
+/// A model's entry, `None` when it cannot be served: only the endpoints
+/// that can be tried are listed, and a provider without its credential
+/// never is (contract §5), so a model none of whose providers has one is
+/// not listed.
+fn model_entry(m: &Model) -> Option<Value> {
+    let providers: Vec<&str> = m
+        .endpoints
+        .iter()
+        .filter(|e| e.provider.credential.is_some())
+        .map(|e| e.provider.id.as_str())
+        .collect();
+    let owner = m.id.split('/').next().unwrap_or_default();
+    (!providers.is_empty())
+        .then(|| json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner, "providers": providers}))
 }
 
 /// A path segment with its `%XX` escapes decoded (a `%` not followed by two

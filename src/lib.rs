@@ -5,12 +5,14 @@
 //! 1. `shell` (built for wasm only) receives Envoy's callbacks and is the only code
 //!    that talks to the host. It hands what it read to an [`exchange::Exchange`]
 //!    and applies what comes back.
-//! 2. Request headers: cluster and `x-waygate-*` headers are stripped from
-//!    every request; under `base_path`, [`auth`] checks the bearer key against
-//!    SHA-256 digests, then endpoint, method, content type and size.
-//! 3. Request body: [`request`] validates it, [`routing`] resolves the model
-//!    to candidates and applies the routing object, [`providers`] translates
-//!    it for the chosen provider's API.
+//! 2. Request headers (read as bytes, [`headers`]): cluster and `x-waygate-*`
+//!    headers are stripped from every request; under `base_path`, [`auth`]
+//!    checks the bearer key against SHA-256 digests, then endpoint, method,
+//!    content type and size.
+//! 3. Request body: [`request`] validates it (one set of rules over the
+//!    client's text, or serde's DOM where its walk is not sure), [`routing`]
+//!    resolves the model to candidates and applies the routing object,
+//!    [`providers`] translates it for the chosen provider's API.
 //! 4. Response: a stream goes through [`stream`] (one [`sse`] framer, one
 //!    provider translator, OpenAI chunks out); a JSON answer or an error is
 //!    buffered and reshaped by [`answer`] or into an [`errors::ApiError`].

@@ -566,7 +566,10 @@ mod tests {
         assert_eq!(c.providers[2].path_prefix, "/v1beta");
         // A provider printed for debugging never shows its credential.
         let printed = format!("{:?}", c.providers);
-        assert!(!printed.contains("sk-real") && !printed.contains("literal-for-dev-only"), "{printed}");
+        assert!(
+            !printed.contains("sk-real") && !printed.contains("literal-for-dev-only"),
+            "{printed}"
+        );
         assert!(printed.contains("[redacted]"), "{printed}");
         assert_eq!(c.models[0].endpoints[1].provider.id, "together");
         assert_eq!(c.keys.iter().next().unwrap().sha256[0], 0x9f);

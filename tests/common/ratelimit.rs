@@ -100,8 +100,11 @@ impl Redis {
             .unwrap();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
+        let pid = self.child.as_ref().map(Child::id);
         while Instant::now() < deadline {
-            if ping(self.port) {
+            // Another test's server may have taken the port in between (this one then
+            // fails to bind and exits): the one answering must be this child.
+            if ping(self.port) && server_pid(self.port) == pid {
                 return true;
             }
             if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
@@ -171,6 +174,22 @@ pub fn ping(port: u16) -> bool {
     }
     let mut reply = [0u8; 7];
     stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+}
+
+/// The process id of the Redis server answering on `port` (`INFO server`).
+fn server_pid(port: u16) -> Option<u32> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    while reader.read_line(&mut line).ok()? > 0 {
+        if let Some(pid) = line.trim_end().strip_prefix("process_id:") {
+            return pid.parse().ok();
+        }
+        line.clear();
+    }
+    None
 }
 
 // ---- the service ---------------------------------------------------------------------

@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use crate::errors::ApiError;
 use crate::json::members::Members;
 use crate::json::split::Walk;
-use rules::{Message, Refused, Top};
+use rules::{Message, Read, Refused, Top};
 use view::View;
 
 /// Which operation the client called.
@@ -39,15 +39,35 @@ pub struct ParsedRequest {
     pub include_usage: bool,
     /// The client's body as it came (an accepted body is always UTF-8).
     raw: String,
-    /// `raw`'s top-level members (name, value) when the fast path read it.
+    /// `raw`'s top-level members (name, value) when the rules read the text.
     spans: Option<Vec<(Range<usize>, Range<usize>)>>,
-    /// The body as a DOM: built by the DOM validator, or on first use.
+    /// The body as a DOM: built when the rules read the DOM, or on first use.
     dom: OnceCell<Map<String, Value>>,
 }
 
 impl ParsedRequest {
-    /// The client's body as a JSON object, parsed now if the fast path
-    /// accepted it (it was valid then, so this fails only on a bug).
+    /// A body the rules accepted, in the form they read it in: the text
+    /// with its members' spans, or the DOM.
+    fn accepted(
+        op: Operation,
+        read: Read,
+        raw: String,
+        spans: Option<Vec<(Range<usize>, Range<usize>)>>,
+        dom: OnceCell<Map<String, Value>>,
+    ) -> ParsedRequest {
+        ParsedRequest {
+            op,
+            model: read.model,
+            stream: read.stream,
+            include_usage: read.include_usage,
+            raw,
+            spans,
+            dom,
+        }
+    }
+
+    /// The client's body as a JSON object, parsed now if the rules read
+    /// the text (it was valid then, so this fails only on a bug).
     pub fn body(&self) -> Result<&Map<String, Value>, ApiError> {
         if let Some(dom) = self.dom.get() {
             return Ok(dom);
@@ -64,7 +84,7 @@ impl ParsedRequest {
     }
 
     /// The top-level members as they came, for rewrites that copy them
-    /// (from the fast path's walk when it had one).
+    /// (from the walk of the text when the rules read it).
     pub fn members(&self) -> Result<Members<'_>, ApiError> {
         match &self.spans {
             Some(spans) => Members::from_spans(&self.raw, spans),
@@ -143,15 +163,13 @@ fn parse_raw(op: Operation, text: &str) -> Option<Result<ParsedRequest, ApiError
     })?;
     walk.end()?;
     match rules::check(op, top) {
-        Ok(read) => Some(Ok(ParsedRequest {
+        Ok(read) => Some(Ok(ParsedRequest::accepted(
             op,
-            model: read.model,
-            stream: read.stream,
-            include_usage: read.include_usage,
-            raw: text.to_owned(),
-            spans: Some(spans),
-            dom: OnceCell::new(),
-        })),
+            read,
+            text.to_owned(),
+            Some(spans),
+            OnceCell::new(),
+        ))),
         Err(Refused::Invalid(e)) => Some(Err(e)),
         Err(Refused::Unsure) => None,
     }
@@ -197,16 +215,9 @@ fn validate_dom(
         // The DOM reads every part exactly; the rules' views say so.
         Err(Refused::Unsure) => return Err(unreadable()),
     };
-    Ok(ParsedRequest {
-        op,
-        model: read.model,
-        stream: read.stream,
-        include_usage: read.include_usage,
-        // serde accepted the body, so it is UTF-8: copied as it is.
-        raw: text.map_or_else(|_| String::from_utf8_lossy(bytes).into_owned(), str::to_owned),
-        spans: None,
-        dom: OnceCell::from(body),
-    })
+    // serde accepted the body, so it is UTF-8: copied as it is.
+    let raw = text.map_or_else(|_| String::from_utf8_lossy(bytes).into_owned(), str::to_owned);
+    Ok(ParsedRequest::accepted(op, read, raw, None, OnceCell::from(body)))
 }
 
 /// `invalid_json` names no field.

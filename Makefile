@@ -134,9 +134,10 @@ check-configs: $(CONFIGS_PYENV)/.installed
 
 lint: toolchain check-configs
 	$(CARGO) fmt --all -- --check
-	@# The crates with workspaces of their own: the bench's floor filter, the tests'
-	@# trapping filter and the fuzz targets.
+	@# The crates with workspaces of their own: the bench's floor and calls filters, the
+	@# tests' trapping filter and the fuzz targets.
 	$(CARGO) fmt --manifest-path benches/floor/Cargo.toml -- --check
+	$(CARGO) fmt --manifest-path benches/calls/Cargo.toml -- --check
 	$(CARGO) fmt --manifest-path tests/trapping_filter/Cargo.toml -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
@@ -166,6 +167,7 @@ bench: wasm-opt envoy
 	$(CARGO) bench -q -p waygate --bench core -- --quiet --noplot 2>target/bench/core.log || \
 	  { cat target/bench/core.log; exit 1; }
 	$(CARGO) build -q --manifest-path benches/floor/Cargo.toml --target wasm32-wasip1 --release --target-dir target/floor
+	$(CARGO) build -q --manifest-path benches/calls/Cargo.toml --target wasm32-wasip1 --release --target-dir target/calls
 	$(CARGO) bench -q -p waygate --bench envoy
 
 # cargo-fuzz targets on nightly (fuzz/, its own workspace), FUZZ_SECONDS each (default

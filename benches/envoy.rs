@@ -14,7 +14,11 @@
 //!    the least any proxy-wasm filter that routes on the body costs (it holds the headers,
 //!    reads the body, sets the route header, `:path` and credential, and passes answers
 //!    untouched): waygate's cost above it is waygate's own;
-//! 5. **TensorZero 2026.6.0** (`WAYGATE_BENCH_PEERS=none` skips it): its Rust gateway as
+//! 5. **waygate's calls**: `benches/calls`' module in waygate's place, which makes
+//!    waygate's host calls for these requests (headers, bodies, filter state, stats, clock
+//!    and log line, in the same callbacks) and nothing else: what those calls cost in
+//!    Envoy, apart from what waygate's own code costs;
+//! 6. **TensorZero 2026.6.0** (`WAYGATE_BENCH_PEERS=none` skips it): its Rust gateway as
 //!    its PyPI wheel ships it, installed once into `target/bench/peers` and served over
 //!    HTTP ([`start_tensorzero`]), routed to the same fake upstream.
 //!
@@ -87,6 +91,7 @@ const DIRECT: &str = "fake upstream direct";
 const ENVOY_ALONE: &str = "Envoy alone";
 const WAYGATE: &str = "Envoy + waygate";
 const FLOOR: &str = "Envoy + floor filter";
+const CALLS: &str = "Envoy + waygate's calls";
 const TENSORZERO_ROW: &str = "TensorZero 2026.6.0";
 const VARIANT: &str = "Envoy + variant";
 /// A second build of the filter to measure beside the built one in the same run (an
@@ -226,11 +231,13 @@ fn run() -> Result<(), Error> {
     let fakes_bin = root.join("target/release/waygate-fakes");
     let built_wasm = root.join("target/wasm32-wasip1/wasm/waygate.wasm");
     let floor_wasm = root.join("target/floor/wasm32-wasip1/release/waygate_floor.wasm");
+    let calls_wasm = root.join("target/calls/wasm32-wasip1/release/waygate_calls.wasm");
     let envoy_bin = std::env::var_os("WAYGATE_ENVOY").map_or_else(|| root.join(DEFAULT_ENVOY), PathBuf::from);
     for (file, make) in [
         (&fakes_bin, "make build"),
         (&built_wasm, "make build"),
         (&floor_wasm, "make bench"),
+        (&calls_wasm, "make bench"),
         (&envoy_bin, "make envoy"),
     ] {
         if !file.exists() {
@@ -258,6 +265,7 @@ fn run() -> Result<(), Error> {
     let envoy_alone = envoy("envoy-alone", None)?;
     let waygate = envoy("envoy-waygate", Some((&plugin, &wasm)))?;
     let floor = envoy("envoy-floor", Some((&json!({}), &floor_wasm)))?;
+    let calls = envoy("envoy-calls", Some((&json!({}), &calls_wasm)))?;
     let variant = match std::env::var_os(VARIANT_ENV) {
         Some(path) => {
             let copy = work.join("variant.wasm");
@@ -305,6 +313,13 @@ fn run() -> Result<(), Error> {
             stream: requests.floor_stream,
             proxy: Some(floor.pid()),
         },
+        Row {
+            label: CALLS.into(),
+            addr: calls.addr,
+            chat: requests.gateway.clone(),
+            stream: requests.gateway_stream.clone(),
+            proxy: Some(calls.pid()),
+        },
     ];
     if let Some(p) = &variant {
         rows.push(Row {
@@ -349,7 +364,7 @@ fn run() -> Result<(), Error> {
     };
     // Which servers exited, named in any failure: a dead upstream fails every row.
     let exited = || {
-        let procs = [&fakes, &envoy_alone, &waygate]
+        let procs = [&fakes, &envoy_alone, &waygate, &floor, &calls]
             .into_iter()
             .chain(variant.as_ref())
             .chain(tensorzero.as_ref().ok());
@@ -648,6 +663,9 @@ impl Figures<'_> {
         let added_rss = self.rest_mib(WAYGATE) - self.rest_mib(ENVOY_ALONE);
         let above_floor = |cell| self.cpu(cell, WAYGATE) - self.cpu(cell, FLOOR);
         let floor_cpu = |cell| self.cpu(cell, FLOOR) - self.cpu(cell, ENVOY_ALONE);
+        let calls_cpu = |cell| self.cpu(cell, CALLS) - self.cpu(cell, ENVOY_ALONE);
+        let calls_p50 = self.p50(C1, CALLS) - self.p50(C1, ENVOY_ALONE);
+        let calls_vs_envoy = self.rps(C64, CALLS) / self.rps(C64, ENVOY_ALONE);
         println!("the floor filter's cost (Envoy + floor filter − Envoy alone, this run):");
         println!(
             "  CPU per request: c = 1 {:+.1} µs, c = 64 {:+.1} µs, per SSE stream {:+.1} µs; c = 64 throughput {:.2}× Envoy alone; RSS at rest {:+.1} MiB",
@@ -662,6 +680,19 @@ impl Figures<'_> {
             above_floor(C1),
             above_floor(C64),
             above_floor(SSE)
+        );
+        println!("waygate's calls alone (Envoy + waygate's calls − Envoy alone, this run):");
+        println!(
+            "  CPU per request: c = 1 {:+.1} µs, c = 64 {:+.1} µs, per SSE stream {:+.1} µs; c = 64 throughput {calls_vs_envoy:.2}× Envoy alone; p50 at c = 1 {calls_p50:+.3} ms",
+            calls_cpu(C1),
+            calls_cpu(C64),
+            calls_cpu(SSE),
+        );
+        println!(
+            "waygate's own code (Envoy + waygate − Envoy + waygate's calls): CPU per request c = 1 {:+.1} µs, c = 64 {:+.1} µs, per SSE stream {:+.1} µs",
+            filter_cpu(C1) - calls_cpu(C1),
+            filter_cpu(C64) - calls_cpu(C64),
+            filter_cpu(SSE) - calls_cpu(SSE)
         );
         println!("the filter's own cost (Envoy + waygate − Envoy alone, this run):");
         println!(
@@ -730,19 +761,22 @@ impl Figures<'_> {
                 format!("filter CPU at c = 64 ≤ {FILTER_CPU_C64_US} µs/request"),
                 Verdict::judge(
                     filter_cpu(C64) <= FILTER_CPU_C64_US,
-                    format!("{:.1} µs", filter_cpu(C64)),
+                    format!("{:.1} µs (its calls alone {:.1})", filter_cpu(C64), calls_cpu(C64)),
                 ),
             ),
             (
                 format!("filter CPU at c = 1 ≤ {FILTER_CPU_C1_US} µs/request"),
-                Verdict::judge(filter_cpu(C1) <= FILTER_CPU_C1_US, format!("{:.1} µs", filter_cpu(C1))),
+                Verdict::judge(
+                    filter_cpu(C1) <= FILTER_CPU_C1_US,
+                    format!("{:.1} µs (its calls alone {:.1})", filter_cpu(C1), calls_cpu(C1)),
+                ),
             ),
             (
                 format!("c = 64 throughput ≥ {C64_VS_ENVOY}× Envoy alone"),
                 Verdict::judge(
                     c64_vs_envoy >= C64_VS_ENVOY,
                     format!(
-                        "{c64_vs_envoy:.2}× ({:.0} / {:.0} req/s)",
+                        "{c64_vs_envoy:.2}× ({:.0} / {:.0} req/s; its calls alone {calls_vs_envoy:.2}×)",
                         self.rps(C64, WAYGATE),
                         self.rps(C64, ENVOY_ALONE)
                     ),
@@ -754,7 +788,10 @@ impl Figures<'_> {
             ),
             (
                 format!("p50 added at c = 1 over Envoy alone ≤ {ADDED_P50_C1_MS} ms"),
-                Verdict::judge(added_p50(C1) <= ADDED_P50_C1_MS, format!("{:+.3} ms", added_p50(C1))),
+                Verdict::judge(
+                    added_p50(C1) <= ADDED_P50_C1_MS,
+                    format!("{:+.3} ms (its calls alone {calls_p50:+.3})", added_p50(C1)),
+                ),
             ),
             (
                 format!("SSE c = 16 throughput ≥ {SSE_VS_ENVOY}× Envoy alone"),

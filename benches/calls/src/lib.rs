@@ -1,6 +1,6 @@
 //! Waygate's host calls and nothing else: for the bench's OpenAI-compatible request, the
 //! same reads and writes of headers, bodies, filter state, stats, clock and log line, in the
-//! same callbacks, as waygate's shell makes (README "Performance" counts them: 36 for the
+//! same callbacks, as waygate's shell makes (README "Performance" counts them: 39 for the
 //! non-streamed request), with no parsing, validation, translation or record behind them.
 //! The values are fixed, the bodies go back as they came (the model's provider prefix
 //! dropped, so the fake upstream knows it). Its cost above Envoy alone is what those calls

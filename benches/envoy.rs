@@ -22,11 +22,11 @@
 //!    its PyPI wheel ships it, installed once into `target/bench/peers` and served over
 //!    HTTP ([`start_tensorzero`]), routed to the same fake upstream.
 //!
-//! Both Envoys (`$WAYGATE_ENVOY`, which the Makefile exports; else the default version
+//! Every Envoy (`$WAYGATE_ENVOY`, which the Makefile exports; else the default version
 //! under `target/`) run with [`ENVOY_FLAGS`], ports 0 read back from the admin's
-//! `/listeners`. Both bootstrap copies drop the HTTP connection manager's `access_log`
+//! `/listeners`. Every bootstrap copy drops the HTTP connection manager's `access_log`
 //! and run at `--log-level warn`, so neither Envoy's access log nor the plugin's
-//! per-request info line is on the hot path; otherwise the two differ only by the filter.
+//! per-request info line is on the hot path; otherwise they differ only by the filter.
 //!
 //! Placement: each proxy is pinned to CPU 0 with `taskset`; this load generator and the
 //! fake upstream share CPU 1 (the bench re-runs itself under `taskset -c 1`). Without
@@ -41,7 +41,7 @@
 //! streams of 300 deltas (`long-300`, c = 16) in each provider API, through the filter and
 //! the same provider stream through Envoy alone; then a streamed answer whose first
 //! candidate answers 503 (`bench/fallback`), through each fallback mode (router fallback in
-//! a sixth Envoy running `envoy/local-router.yaml`, from Envoy 1.39), against the same
+//! an Envoy of its own running `envoy/local-router.yaml`, from Envoy 1.39), against the same
 //! stream asked of the second candidate first. Each cell
 //! runs in interleaved rounds, every row in turn, so a noisy neighbour hits them alike.
 //!
@@ -51,12 +51,13 @@
 //! resident memory (VmRSS) once started, and at rest 3 s after the run, which the memory
 //! target reads (a proxy just started still holds V8's compile peak, which the bootstrap's
 //! `memory_allocator_manager` returns over the following minutes).
-//! Then the filter's own cost (Envoy + waygate − Envoy alone) and issue #29's targets,
-//! each marked met or missed for this run, with the `.wasm` size.
+//! Then the floor's cost, waygate's calls alone and waygate's own code above them, the
+//! filter's own cost (Envoy + waygate − Envoy alone) and issue #29's targets, each marked
+//! met or missed for this run (with what the calls alone read), with the `.wasm` size.
 //!
 //! `WAYGATE_BENCH_SECONDS=S` runs each row of each cell for about S seconds instead of
 //! the fixed request counts. `WAYGATE_BENCH_VARIANT=FILE.wasm` adds a row for another build
-//! of the filter, in a fifth Envoy, and prints its cost against the built one: an
+//! of the filter, in an Envoy of its own, and prints its cost against the built one: an
 //! experiment measured in the same run as what it would replace.
 
 // Bench code, like the tests: configuration documents are indexed by key (a missing key
@@ -733,10 +734,15 @@ impl Figures<'_> {
             self.fallback_ttfb(HTTP_CALL_FALLBACK),
             self.fallback_ttfb(ROUTER_FALLBACK),
         );
+        // NaN: the row did not run (router fallback needs Envoy >= 1.39).
+        let after_first = |ttfb: f64| match ttfb - first {
+            d if d.is_nan() => "not measured".to_string(),
+            d => format!("{d:+.3} ms"),
+        };
         println!(
-            "  a fallback stream's first byte after the first attempt's: http_call {:+.3} ms, router {:+.3} ms",
-            by_call - first,
-            by_router - first
+            "  a fallback stream's first byte after the first attempt's: http_call {}, router {}",
+            after_first(by_call),
+            after_first(by_router)
         );
 
         let c64_vs_envoy = self.rps(C64, WAYGATE) / self.rps(C64, ENVOY_ALONE);

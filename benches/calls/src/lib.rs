@@ -2,8 +2,9 @@
 //! same reads and writes of headers, bodies, filter state, stats, clock and log line, in the
 //! same callbacks, as waygate's shell makes (README "Performance" counts them: 39 for the
 //! non-streamed request), with no parsing, validation, translation or record behind them.
-//! The values are fixed, the bodies go back as they came (the model's provider prefix
-//! dropped, so the fake upstream knows it). Its cost above Envoy alone is what those calls
+//! The values are fixed, the bodies go back as they came (but for the model's provider
+//! prefix, which the fake upstream would not know, and a stream's usage asked for, as
+//! waygate asks for it). Its cost above Envoy alone is what those calls
 //! cost in Envoy; waygate's above it is its own code. When waygate's shell changes what it
 //! asks of the host for these requests, this changes with it.
 

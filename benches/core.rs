@@ -209,7 +209,7 @@ fn bench_stream(c: &mut Criterion) {
             };
             // As in the filter, which scrubs the provider's credential.
             let mut rewriter = StreamRewriter::new(providers::stream_translator(api, &parsed), stamp, true)
-                .redacting(&"sk-bench-0123456789abcdef".into());
+                .redacting(&waygate::redact::Secret::new("sk-bench-0123456789abcdef"));
             let mut out = Vec::with_capacity(total * 2);
             for chunk in &chunks {
                 rewriter.push(black_box(chunk), &mut out);

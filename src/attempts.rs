@@ -152,7 +152,7 @@ mod tests {
                 cluster: cluster.into(),
                 authority: format!("{cluster}.example"),
                 path_prefix: String::new(),
-                credential: Some(credential.1.into()),
+                credential: Some(crate::redact::Secret::new(credential.1)),
                 credential_source: "api_key".into(),
                 legacy_completions: false,
                 timeout_ms: 1000,

@@ -66,12 +66,6 @@ impl fmt::Debug for Secret {
     }
 }
 
-impl From<&str> for Secret {
-    fn from(secret: &str) -> Secret {
-        Secret::new(secret)
-    }
-}
-
 impl Secret {
     pub fn new(secret: &str) -> Secret {
         Secret {

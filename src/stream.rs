@@ -999,7 +999,7 @@ mod tests {
         let make = || {
             let r = StreamRewriter::new(translator(), stamp(Operation::Chat), true);
             match secret {
-                Some(secret) => r.redacting(&secret.into()),
+                Some(secret) => r.redacting(&redact::Secret::new(secret)),
                 None => r,
             }
         };
@@ -1177,7 +1177,7 @@ mod tests {
                     let make = || {
                         let r = StreamRewriter::new(Box::new(Deltas { dom }), stamp(op), true);
                         match secret {
-                            Some(secret) => r.redacting(&secret.into()),
+                            Some(secret) => r.redacting(&redact::Secret::new(secret)),
                             None => r,
                         }
                     };
@@ -1212,7 +1212,7 @@ mod tests {
             let input = format!("data: {event}\n\ndata: [DONE]\n\n");
             let make = || {
                 StreamRewriter::new(Box::new(Deltas { dom: false }), stamp(Operation::Chat), true)
-                    .redacting(&secret.into())
+                    .redacting(&redact::Secret::new(secret))
             };
             let written = replay_with(&make, input.as_bytes());
             let escaped = serde_json::to_string(secret).unwrap();
@@ -1239,7 +1239,7 @@ mod tests {
             );
             let make = || {
                 StreamRewriter::new(Box::new(Deltas { dom: false }), stamp(Operation::Chat), true)
-                    .redacting(&secret.into())
+                    .redacting(&redact::Secret::new(secret))
             };
             let written = replay_with(&make, input.as_bytes());
             assert!(!written.contains(secret), "{secret}: {written}");
@@ -1262,7 +1262,8 @@ mod tests {
 
     /// Replays with the secret scrubbed; returns the client's events.
     fn scrubbed(op: Operation, input: &str) -> Vec<Value> {
-        let make = || StreamRewriter::new(Box::new(OpenAiStream), stamp(op), true).redacting(&SECRET.into());
+        let make =
+            || StreamRewriter::new(Box::new(OpenAiStream), stamp(op), true).redacting(&redact::Secret::new(SECRET));
         parsed(&replay_with(&make, input.as_bytes()))
     }
 

@@ -440,7 +440,7 @@ proptest! {
         let run = |chunks: &[&[u8]]| {
             let stamp = Stamp { op: Operation::Chat, id: "chatcmpl_P".into(), model: "m".into(), created: 7 };
             let translator = providers::stream_translator(api, &request);
-            let mut r = StreamRewriter::new(translator, stamp, false).redacting(&SECRET.into());
+            let mut r = StreamRewriter::new(translator, stamp, false).redacting(&waygate::redact::Secret::new(SECRET));
             let mut out = Vec::new();
             for c in chunks {
                 r.push(c, &mut out);

@@ -185,7 +185,7 @@ pub fn rewrite_with(
 ) -> Vec<u8> {
     let mut rewriter = StreamRewriter::new(translator, stamp(request.op), request.include_usage);
     if redact {
-        rewriter = rewriter.redacting(&STREAM_SECRET.into());
+        rewriter = rewriter.redacting(&waygate::redact::Secret::new(STREAM_SECRET));
     }
     let mut out = Vec::new();
     for chunk in chunks {

@@ -35,7 +35,7 @@ impl RootContext for Root {
             started,
             answer: Vec::new(),
             stream: false,
-            first_byte: None,
+            first_byte_timed: false,
         }))
     }
 }
@@ -45,7 +45,8 @@ struct Calls {
     /// The held answer so far (a non-streamed one).
     answer: Vec<u8>,
     stream: bool,
-    first_byte: Option<Duration>,
+    /// The first answer byte's time was read (waygate keeps it for its stats).
+    first_byte_timed: bool,
 }
 
 impl Context for Calls {}
@@ -169,12 +170,10 @@ impl HttpContext for Calls {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let first_bytes = body_size > 0 && self.first_byte.is_none();
+        let first_bytes = body_size > 0 && !self.first_byte_timed;
         if first_bytes || (end_of_stream && !self.stream) {
-            let now = clock();
-            if first_bytes {
-                self.first_byte = Some(now);
-            }
+            let _now = clock();
+            self.first_byte_timed |= first_bytes;
         }
         let chunk = body(BufferType::HttpResponseBody, body_size);
         if self.stream {

@@ -25,6 +25,7 @@ use crate::config::{Api, Config, Fallback, Limits, Provider};
 use crate::errors::{ApiError, ErrorType, Header};
 use crate::headers::{ResponseHead, header_in, is_json, names_where, printable};
 use crate::ids::new_id;
+use crate::inbound::{Client, ClientApi, ClientStream, responses};
 use crate::limits::{self, SharedStore};
 use crate::metrics;
 use crate::models;
@@ -174,10 +175,12 @@ pub struct Log {
     pub line: String,
 }
 
-/// The client's request, read, and the id, model and time its answer carries.
+/// The client's request, read in the internal form, the id, model and time
+/// its answer carries, and what its answer needs of the client's API.
 struct Asked {
     request: ParsedRequest,
     stamp: Stamp,
+    client: Client,
 }
 
 /// The candidates not yet tried, and how many more may be.
@@ -251,14 +254,14 @@ enum State {
     /// headers besides `authorization` that carry the client's key (SDKs also
     /// send it as `x-api-key`, `api-key`, ...), never forwarded.
     Reading {
-        op: Operation,
+        api: ClientApi,
         key_headers: Vec<String>,
     },
     /// Sent upstream, waiting for the response headers.
     Upstream(Routed),
     /// A fallback call is out.
     Calling(Routed),
-    Streaming(Box<StreamRewriter>),
+    Streaming(Box<ClientStream>),
     Buffering(Routed, Held),
     /// Answered (locally or upstream); only the log is left.
     Done,
@@ -355,9 +358,9 @@ impl Exchange {
         self.record.title = header("x-title").map(printable);
         self.record.referer = header("http-referer").map(printable);
         let action = match self.check_head(&cfg, sub, &header, end_of_stream) {
-            Ok(Some(op)) => {
+            Ok(Some(api)) => {
                 let key_headers = key_headers(pairs, header("authorization"));
-                self.state = State::Reading { op, key_headers };
+                self.state = State::Reading { api, key_headers };
                 HeadersAction::ReadBody
             }
             Ok(None) => {
@@ -384,14 +387,13 @@ impl Exchange {
         sub: &[u8],
         header: &dyn Fn(&str) -> Option<&'h [u8]>,
         end_of_stream: bool,
-    ) -> Result<Option<Operation>, ApiError> {
+    ) -> Result<Option<ClientApi>, ApiError> {
         let token = auth::bearer_token(header("authorization"))?;
         self.record.key = Some(Rc::clone(auth::authenticate(&cfg.keys, token)?));
 
         let method = header(":method").unwrap_or_default();
-        let (op, allowed) = match sub {
-            b"/chat/completions" => (Some(Operation::Chat), "POST"),
-            b"/completions" => (Some(Operation::Completions), "POST"),
+        let (api, allowed) = match sub {
+            _ if let Some(api) = ClientApi::from_path(sub) => (Some(api), "POST"),
             b"/models" => (None, "GET"),
             _ if sub.starts_with(b"/models/") => (None, "GET"),
             _ => {
@@ -413,7 +415,7 @@ impl Exchange {
             e.allow = Some(allowed);
             return Err(e);
         }
-        let Some(op) = op else { return Ok(None) };
+        let Some(api) = api else { return Ok(None) };
 
         if !is_json(header("content-type")) {
             return Err(ApiError::new(
@@ -434,7 +436,7 @@ impl Exchange {
             e.param = None;
             return Err(e);
         }
-        Ok(Some(op))
+        Ok(Some(api))
     }
 
     /// A request body callback: `total` bytes are buffered so far, and
@@ -453,10 +455,10 @@ impl Exchange {
     /// The whole request body is here. `now` is unix seconds.
     /// `store` holds the per-key limit counters shared by every worker.
     pub fn on_request_body(&mut self, body: &[u8], now: u64, store: &mut dyn SharedStore) -> Result<Forward, Reply> {
-        let State::Reading { op, key_headers } = std::mem::replace(&mut self.state, State::Done) else {
+        let State::Reading { api, key_headers } = std::mem::replace(&mut self.state, State::Done) else {
             return Err(self.fail("request body in an unexpected phase"));
         };
-        match self.route(op, &key_headers, body, now, store) {
+        match self.route(api, &key_headers, body, now, store) {
             Ok((routed, forward)) => {
                 self.state = State::Upstream(routed);
                 Ok(forward)
@@ -467,7 +469,7 @@ impl Exchange {
 
     fn route(
         &mut self,
-        op: Operation,
+        api: ClientApi,
         key_headers: &[String],
         body: &[u8],
         now: u64,
@@ -477,7 +479,14 @@ impl Exchange {
         if u64::try_from(body.len()).unwrap_or(u64::MAX) > cfg.max_request_bytes {
             return Err(too_large(cfg.max_request_bytes));
         }
-        let request = request::parse(op, body)?;
+        // Another API's request is read as the internal form's.
+        let (request, client) = match api {
+            ClientApi::Responses => {
+                let (chat, echo) = responses::to_chat(body, &cfg.routing_field)?;
+                (request::parse(api.operation(), &chat)?, Client::Responses(echo))
+            }
+            ClientApi::Chat | ClientApi::Completions => (request::parse(api.operation(), body)?, Client::Internal),
+        };
         // Logged from here on: a refused model (404, 403) is worth an operator's eye.
         self.record.model = Some(request.model.clone());
         let defaults = routing::resolve(&cfg, &request.model)?;
@@ -505,17 +514,13 @@ impl Exchange {
             candidates: routing::plan(defaults, &directive).into_iter(),
             tries_left: routing::max_tries(&cfg, &directive),
         };
-        let prefix = match op {
-            Operation::Chat => "chatcmpl_",
-            Operation::Completions => "cmpl_",
-        };
         let stamp = Stamp {
-            op,
-            id: new_id(prefix),
+            op: api.operation(),
+            id: new_id(api.id_prefix()),
             model: request.model.clone(),
             created: now,
         };
-        let asked = Asked { request, stamp };
+        let asked = Asked { request, stamp, client };
         let mut refusal = None;
         let mut properties: Vec<(String, String)> = Vec::new();
         if let Some(key) = &self.record.key {
@@ -946,6 +951,9 @@ impl Exchange {
             let out = serde_json::to_vec(&answer::finish(&asked.stamp, answer, usage)).map_err(|e| e.to_string())?;
             ("application/json", out)
         };
+        if content_type == "application/json" {
+            out = asked.client.answer(&asked.stamp, out)?;
+        }
         self.redact(&mut out);
         self.record.status = 200;
         let mut set = vec![
@@ -1208,16 +1216,18 @@ fn route_attempts(
     (forward, attempts)
 }
 
-/// The serving provider's stream translated for the request asked.
-fn new_rewriter(asked: &Asked, provider: &Provider) -> StreamRewriter {
+/// The serving provider's stream translated for the request asked: into
+/// the internal chat stream, then into the client's API.
+fn new_rewriter(asked: &Asked, provider: &Provider) -> ClientStream {
     let translator = providers::stream_translator(provider.api, &asked.request);
     let rewriter = StreamRewriter::new(translator, asked.stamp.clone(), asked.request.include_usage);
     // Deltas may split the credential, which the byte-level redaction of
     // each output cannot see: the rewriter scrubs the text itself.
-    match provider.credential.as_ref().filter(|c| c.worth_scrubbing()) {
+    let rewriter = match provider.credential.as_ref().filter(|c| c.worth_scrubbing()) {
         Some(secret) => rewriter.redacting(secret),
         None => rewriter,
-    }
+    };
+    asked.client.stream(&asked.stamp, rewriter)
 }
 
 fn internal(what: &str) -> ApiError {

@@ -36,6 +36,7 @@ pub mod exchange;
 pub mod glob;
 pub mod headers;
 pub mod ids;
+pub mod inbound;
 pub mod json;
 pub mod limits;
 pub mod metrics;

@@ -82,3 +82,10 @@ fn the_official_node_client_and_the_ai_sdk_work_against_the_gateway() {
     );
     run_client("node", &script, &[]);
 }
+
+/// The Responses API with the official Python client: answers, streams, a function
+/// tool round trip and refusals, through each provider API (`tests/clients/openai_responses.py`).
+#[test]
+fn the_official_python_client_speaks_the_responses_api_to_every_provider_api() {
+    run_client_script("openai_responses.py", &[]);
+}

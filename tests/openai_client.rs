@@ -89,3 +89,16 @@ fn the_official_node_client_and_the_ai_sdk_work_against_the_gateway() {
 fn the_official_python_client_speaks_the_responses_api_to_every_provider_api() {
     run_client_script("openai_responses.py", &[]);
 }
+
+/// The clients that default to the Responses API: the OpenAI Node SDK, the AI SDK's
+/// `openai(model)` with a tool round trip, and the OpenAI Agents SDK with a function
+/// tool, through each provider API (`tests/clients/node/responses.mjs`).
+#[test]
+fn the_node_sdk_the_ai_sdk_default_and_the_agents_sdk_speak_responses_to_every_provider_api() {
+    let script = root().join("tests/clients/node/responses.mjs");
+    assert!(
+        root().join("tests/clients/node/node_modules/@openai/agents").exists(),
+        "the Node clients are missing: run `make test` (it installs them)"
+    );
+    run_client("node", &script, &[]);
+}

@@ -82,6 +82,11 @@ pub(crate) fn answer(ask: &Ask<'_>) -> Answer {
     let hello = format!("Hello from {} fake.", ask.provider);
     let (text, may_truncate) = match ask.directive {
         Directive::Echo => (echo_text(ask.request), false),
+        Directive::Agent => {
+            let body = serde_json::from_slice::<Value>(&ask.request.body).unwrap_or(Value::Null);
+            let result = last_tool_result(&body).unwrap_or_default();
+            (format!("The tool said: {result}"), false)
+        }
         Directive::Json => (json!({"answer": hello, "ok": true}).to_string(), false),
         _ if ask.json_mode => (json!({"answer": hello, "ok": true}).to_string(), false),
         Directive::Long(n) => (long_text(n), true),
@@ -105,7 +110,12 @@ fn tool_calls(ask: &Ask<'_>) -> Option<Vec<ToolCall>> {
     if ask.tools.is_empty() || ask.tool_choice == ToolChoice::None {
         return None;
     }
+    let agent_turn = ask.directive == Directive::Agent && {
+        let body = serde_json::from_slice::<Value>(&ask.request.body).unwrap_or(Value::Null);
+        last_tool_result(&body).is_none()
+    };
     let wanted = matches!(ask.directive, Directive::Tool | Directive::Tools)
+        || agent_turn
         || matches!(ask.tool_choice, ToolChoice::Required | ToolChoice::Named(_));
     if !wanted {
         return None;
@@ -123,6 +133,44 @@ fn tool_calls(ask: &Ask<'_>) -> Option<Vec<ToolCall>> {
         })
         .collect();
     (!calls.is_empty()).then_some(calls)
+}
+
+/// The text of the conversation's last tool result, in any provider's shape: an
+/// OpenAI `tool` message, an Anthropic `tool_result` block, a Gemini `functionResponse`.
+pub(crate) fn last_tool_result(body: &Value) -> Option<String> {
+    fn text(content: &Value) -> String {
+        match content {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
+            other => other.to_string(),
+        }
+    }
+    let mut last = None;
+    let mut stack = vec![body];
+    // Depth first, in document order: the last one found is the conversation's last.
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::Object(map) => {
+                let openai = map.get("role").and_then(Value::as_str) == Some("tool");
+                let anthropic = map.get("type").and_then(Value::as_str) == Some("tool_result");
+                if openai || anthropic {
+                    last = map.get("content").map(text).or(last);
+                } else if let Some(response) = map.get("functionResponse") {
+                    last = response.get("response").map(|r| match r.get("result") {
+                        Some(result) => text(result),
+                        None => r.to_string(),
+                    });
+                }
+                stack.extend(map.values().rev());
+            }
+            Value::Array(items) => stack.extend(items.iter().rev()),
+            _ => {}
+        }
+    }
+    last
 }
 
 /// `word1 word2 … wordN`.
@@ -305,7 +353,7 @@ pub(crate) fn now_secs() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{chunks, sample_value, stream_pieces};
+    use super::{chunks, last_tool_result, sample_value, stream_pieces};
     use serde_json::json;
 
     #[test]
@@ -327,6 +375,23 @@ mod tests {
         assert_eq!(
             sample_value(&schema, "f", 0),
             json!({"location": "example location", "unit": "c"})
+        );
+    }
+
+    #[test]
+    fn the_last_tool_result_is_read_in_every_providers_shape() {
+        let openai = json!({"messages": [{"role": "tool", "tool_call_id": "a", "content": "first"},
+            {"role": "user", "content": "again"}, {"role": "tool", "tool_call_id": "b", "content": [{"type": "text", "text": "second"}]}]});
+        assert_eq!(last_tool_result(&openai).as_deref(), Some("second"));
+        let anthropic = json!({"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": "sunny"}]}]});
+        assert_eq!(last_tool_result(&anthropic).as_deref(), Some("sunny"));
+        let gemini = json!({"contents": [{"role": "user", "parts": [
+            {"functionResponse": {"name": "w", "response": {"result": "18 degrees"}}}]}]});
+        assert_eq!(last_tool_result(&gemini).as_deref(), Some("18 degrees"));
+        assert_eq!(
+            last_tool_result(&json!({"messages": [{"role": "user", "content": "hi"}]})),
+            None
         );
     }
 }

@@ -23,6 +23,9 @@ pub(crate) enum Directive {
     Tool,
     /// `tools`: one call per declared tool (parallel tool calls).
     Tools,
+    /// `agent`: an agent's turn. A call to the first (or the forced) tool while the
+    /// conversation holds no tool result; then text quoting the last result.
+    Agent,
     /// `json`: the answer text is a JSON object.
     Json,
     /// `long-N`: N words, streamed one word per event.
@@ -56,6 +59,7 @@ fn parse_exact(s: &str) -> Option<Directive> {
         "echo" => Some(Directive::Echo),
         "tool" => Some(Directive::Tool),
         "tools" => Some(Directive::Tools),
+        "agent" => Some(Directive::Agent),
         "json" => Some(Directive::Json),
         "stream-error" => Some(Directive::StreamError),
         _ => None,
@@ -100,6 +104,7 @@ mod tests {
         assert_eq!(parse("long-5"), Directive::Long(5));
         assert_eq!(parse("x-stream-error"), Directive::StreamError);
         assert_eq!(parse("models/echo"), Directive::Echo);
+        assert_eq!(parse("claude-agent"), Directive::Agent);
         assert_eq!(parse("gpt-4o"), Directive::Ok);
         assert_eq!(parse("gemini-2.5-flash"), Directive::Ok);
         assert_eq!(parse("status-99"), Directive::Ok);

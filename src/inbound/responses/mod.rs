@@ -68,14 +68,19 @@ const ECHOED: [&str; 11] = [
 
 /// What the answer echoes of the client's request.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Echo(Map<String, Value>);
+pub struct Echo {
+    settings: Map<String, Value>,
+    /// Each function declared inside a `namespace` tool, and its namespace:
+    /// a call to it says which.
+    namespaces: Vec<(String, String)>,
+}
 
 /// A Responses request as a chat request's body, and what its answer echoes.
 /// `routing_field` is copied as it came.
 pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Echo), ApiError> {
     let request = read_object(body)?;
     let mut chat = Map::new();
-    let mut echo = Map::new();
+    let mut echo = Echo::default();
     let mut messages: Vec<Value> = Vec::new();
     let mut stream = false;
     if let Some(instructions) = request.get("instructions").filter(|v| !v.is_null()) {
@@ -89,7 +94,7 @@ pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Echo), ApiE
             continue;
         }
         if ECHOED.contains(&name.as_str()) {
-            echo.insert(name.clone(), value.clone());
+            echo.settings.insert(name.clone(), value.clone());
         }
         match name.as_str() {
             "input" | "instructions" => {}
@@ -101,7 +106,7 @@ pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Echo), ApiE
                 chat.insert("max_completion_tokens".into(), value.clone());
             }
             "tools" => {
-                chat.insert("tools".into(), tools(value)?);
+                chat.insert("tools".into(), tools(value, &mut echo.namespaces)?);
             }
             "tool_choice" => {
                 chat.insert("tool_choice".into(), tool_choice(value)?);
@@ -140,7 +145,7 @@ pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Echo), ApiE
         chat.insert("stream_options".into(), json!({"include_usage": true}));
     }
     let body = serde_json::to_vec(&Value::Object(chat)).map_err(|_| invalid_json("The body could not be read."))?;
-    Ok((body, Echo(echo)))
+    Ok((body, echo))
 }
 
 fn read_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -332,8 +337,9 @@ fn part_text(part: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
     }
 }
 
-/// Function tools in chat's shape; any other tool is run by the provider.
-fn tools(value: &Value) -> Result<Value, ApiError> {
+/// Function tools in chat's shape, a `namespace` tool's functions among
+/// them (each noted in `namespaces`); any other tool is run by the provider.
+fn tools(value: &Value, namespaces: &mut Vec<(String, String)>) -> Result<Value, ApiError> {
     let Value::Array(tools) = value else {
         return Err(wrong_type("tools", "an array"));
     };
@@ -344,7 +350,27 @@ fn tools(value: &Value) -> Result<Value, ApiError> {
             return Err(wrong_type(&at, "an object"));
         };
         match tool.get("type").and_then(Value::as_str) {
-            Some("function") => {}
+            Some("function") => out.push(function(tool, &at)?),
+            Some("namespace") => {
+                let namespace = string(tool, &at, "name")?;
+                let Some(Value::Array(inner)) = tool.get("tools") else {
+                    return Err(missing(&format!("{at}.tools")));
+                };
+                for (j, inner) in inner.iter().enumerate() {
+                    let at = format!("{at}.tools.{j}");
+                    let Value::Object(inner) = inner else {
+                        return Err(wrong_type(&at, "an object"));
+                    };
+                    if inner.get("type").and_then(Value::as_str) != Some("function") {
+                        return Err(not_served(
+                            &format!("{at}.type"),
+                            "a namespace is served with function tools only",
+                        ));
+                    }
+                    namespaces.push((string(inner, &at, "name")?, namespace.clone()));
+                    out.push(function(inner, &at)?);
+                }
+            }
             Some(other) => {
                 return Err(not_served(
                     &format!("{at}.type"),
@@ -353,16 +379,20 @@ fn tools(value: &Value) -> Result<Value, ApiError> {
             }
             None => return Err(missing(&format!("{at}.type"))),
         }
-        let mut function = Map::new();
-        function.insert("name".into(), Value::String(string(tool, &at, "name")?));
-        for field in ["description", "parameters", "strict"] {
-            if let Some(v) = tool.get(field).filter(|v| !v.is_null()) {
-                function.insert(field.into(), v.clone());
-            }
-        }
-        out.push(json!({"type": "function", "function": function}));
     }
     Ok(Value::Array(out))
+}
+
+/// A function tool in chat's shape.
+fn function(tool: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
+    let mut function = Map::new();
+    function.insert("name".into(), Value::String(string(tool, at, "name")?));
+    for field in ["description", "parameters", "strict"] {
+        if let Some(v) = tool.get(field).filter(|v| !v.is_null()) {
+            function.insert(field.into(), v.clone());
+        }
+    }
+    Ok(json!({"type": "function", "function": function}))
 }
 
 fn tool_choice(value: &Value) -> Result<Value, ApiError> {
@@ -447,15 +477,23 @@ fn output_text(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
 }
 
-fn function_call_item(id: String, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    json!({
-        "id": id,
-        "type": "function_call",
-        "status": status,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-    })
+impl Echo {
+    /// A function call item; a call to a function of a `namespace` tool names it.
+    fn function_call_item(&self, id: String, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
+        let mut item = json!({
+            "id": id,
+            "type": "function_call",
+            "status": status,
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+        });
+        let namespace = self.namespaces.iter().find(|(function, _)| function == name);
+        if let (Some((_, namespace)), Some(map)) = (namespace, item.as_object_mut()) {
+            map.insert("namespace".into(), Value::String(namespace.clone()));
+        }
+        item
+    }
 }
 
 /// How a response ended, from chat's `finish_reason`.
@@ -503,7 +541,7 @@ impl Echo {
         for name in ["instructions", "max_output_tokens", "temperature", "top_p", "user"] {
             response.insert(name.into(), Value::Null);
         }
-        for (name, value) in &self.0 {
+        for (name, value) in &self.settings {
             response.insert(name.clone(), value.clone());
         }
         response.insert("id".into(), Value::String(stamp.id.clone()));
@@ -541,7 +579,7 @@ pub fn to_response(echo: &Echo, stamp: &Stamp, chat: &[u8]) -> Result<Vec<u8>, S
         let field = |pointer: &str| call.pointer(pointer).and_then(Value::as_str).unwrap_or_default();
         let (call_id, name, arguments) = (field("/id"), field("/function/name"), field("/function/arguments"));
         let id = item_id(stamp, "fc_", output.len());
-        output.push(function_call_item(id, call_id, name, arguments, "completed"));
+        output.push(echo.function_call_item(id, call_id, name, arguments, "completed"));
     }
     let (status, incomplete) = ending(choice.get("finish_reason").and_then(Value::as_str));
     let mut response = echo.response(stamp, status, output, usage(chat.get("usage")));

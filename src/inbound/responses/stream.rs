@@ -20,7 +20,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Echo, ending, function_call_item, item_id, message_item, output_text, usage};
+use super::{Echo, ending, item_id, message_item, output_text, usage};
 use crate::answer::Stamp;
 use crate::sse::SseDecoder;
 
@@ -206,7 +206,7 @@ impl ResponsesStream {
                 name: text("/function/name").to_string(),
                 arguments: String::new(),
             };
-            let item = function_call_item(open.id.clone(), &open.call_id, &open.name, "", "in_progress");
+            let item = (self.echo).function_call_item(open.id.clone(), &open.call_id, &open.name, "", "in_progress");
             self.emit(
                 "response.output_item.added",
                 [("output_index", output_index.into()), ("item", item)],
@@ -277,7 +277,7 @@ impl ResponsesStream {
                 ("arguments", Value::String(call.arguments.clone())),
             ];
             self.emit("response.function_call_arguments.done", fields, out);
-            let item = function_call_item(call.id, &call.call_id, &call.name, &call.arguments, "completed");
+            let item = (self.echo).function_call_item(call.id, &call.call_id, &call.name, &call.arguments, "completed");
             self.emit(
                 "response.output_item.done",
                 [("output_index", call.output_index.into()), ("item", item.clone())],

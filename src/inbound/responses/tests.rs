@@ -478,3 +478,38 @@ fn a_provider_failing_mid_stream_ends_as_error_and_response_failed() {
     );
     assert_eq!(events[5]["code"], "stream_interrupted");
 }
+
+#[test]
+fn a_namespace_tools_functions_are_offered_and_a_call_to_one_names_it() {
+    // Codex CLI groups its sub-agent tools in a namespace.
+    let request = json!({"model": "a/b", "input": "hi", "tools": [
+        {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+        {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
+            {"type": "function", "name": "close_agent", "parameters": {"type": "object"}}
+        ]}
+    ]});
+    let (chat, echo) = to_chat(request.to_string().as_bytes(), "waygate").unwrap();
+    let chat: Value = serde_json::from_slice(&chat).unwrap();
+    let names: Vec<&str> = chat["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["exec_command", "close_agent"]);
+    let answer = json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+    "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "close_agent", "arguments": "{}"}},
+        {"id": "call_2", "type": "function", "function": {"name": "exec_command", "arguments": "{}"}}
+    ]}}]});
+    let response: Value =
+        serde_json::from_slice(&to_response(&echo, &stamp(), answer.to_string().as_bytes()).unwrap()).unwrap();
+    assert_eq!(response["output"][0]["namespace"], "multi_agent_v1");
+    assert_eq!(response["output"][1].get("namespace"), None);
+    assert_eq!(
+        refused(
+            json!({"model": "a/b", "input": "hi", "tools": [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]})
+        ),
+        (400, "unsupported_parameter".into(), Some("tools.0.tools.0.type".into()))
+    );
+}

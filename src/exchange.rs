@@ -25,7 +25,7 @@ use crate::config::{Api, Config, Fallback, Limits, Provider};
 use crate::errors::{ApiError, ErrorType, Header};
 use crate::headers::{ResponseHead, header_in, is_json, names_where, printable};
 use crate::ids::new_id;
-use crate::inbound::{Client, ClientApi, ClientStream, responses};
+use crate::inbound::{Client, ClientApi, ClientStream, messages, responses};
 use crate::limits::{self, SharedStore};
 use crate::metrics;
 use crate::models;
@@ -272,6 +272,8 @@ pub struct Exchange {
     config: Rc<Config>,
     state: State,
     record: Record,
+    /// The API the client called: its errors are in that API's envelope.
+    api: ClientApi,
 }
 
 const HOP_HEADERS_TO_DROP: [&str; 3] = ["authorization", "accept-encoding", "content-length"];
@@ -321,6 +323,7 @@ impl Exchange {
             config,
             state: State::Start,
             record: Record::default(),
+            api: ClientApi::Chat,
         }
     }
 
@@ -355,6 +358,9 @@ impl Exchange {
                 action: HeadersAction::Continue,
             };
         };
+        if let Some(api) = ClientApi::from_path(sub) {
+            self.api = api;
+        }
         self.record.title = header("x-title").map(printable);
         self.record.referer = header("http-referer").map(printable);
         let action = match self.check_head(&cfg, sub, &header, end_of_stream) {
@@ -388,7 +394,15 @@ impl Exchange {
         header: &dyn Fn(&str) -> Option<&'h [u8]>,
         end_of_stream: bool,
     ) -> Result<Option<ClientApi>, ApiError> {
-        let token = auth::bearer_token(header("authorization"))?;
+        // Anthropic's clients send their key as `x-api-key`.
+        let token = match header("authorization") {
+            None if self.api == ClientApi::Messages
+                && let Some(key) = header("x-api-key") =>
+            {
+                key
+            }
+            authorization => auth::bearer_token(authorization)?,
+        };
         self.record.key = Some(Rc::clone(auth::authenticate(&cfg.keys, token)?));
 
         let method = header(":method").unwrap_or_default();
@@ -484,6 +498,10 @@ impl Exchange {
             ClientApi::Responses => {
                 let (chat, echo) = responses::to_chat(body, &cfg.routing_field)?;
                 (request::parse(api.operation(), &chat)?, Client::Responses(echo))
+            }
+            ClientApi::Messages => {
+                let (chat, asked) = messages::to_chat(body, &cfg.routing_field)?;
+                (request::parse(api.operation(), &chat)?, Client::Messages(asked))
             }
             ClientApi::Chat | ClientApi::Completions => (request::parse(api.operation(), body)?, Client::Internal),
         };
@@ -996,7 +1014,7 @@ impl Exchange {
         self.record.status = e.status;
         self.record.error_code = Some(e.code.clone());
         // A provider's own message (400/413/422) may echo the request.
-        let mut body = e.body();
+        let mut body = self.api.error_body(e);
         self.redact(&mut body);
         let mut set = vec![(":status".to_string(), e.status.to_string())];
         set.extend(e.headers());
@@ -1063,7 +1081,7 @@ impl Exchange {
         self.reply(Reply {
             status: e.status,
             headers: e.headers(),
-            body: e.body(),
+            body: self.api.error_body(e),
         })
     }
 

@@ -102,3 +102,11 @@ fn the_node_sdk_the_ai_sdk_default_and_the_agents_sdk_speak_responses_to_every_p
     );
     run_client("node", &script, &[]);
 }
+
+/// Anthropic's Messages API with the official Anthropic Python client: answers, streams,
+/// a tool round trip, an image, errors in Anthropic's envelope, through each provider API
+/// (`tests/clients/anthropic_messages.py`).
+#[test]
+fn the_official_anthropic_python_client_speaks_messages_to_every_provider_api() {
+    run_client_script("anthropic_messages.py", &[]);
+}

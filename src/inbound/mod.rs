@@ -15,14 +15,17 @@
 //!
 //! Chat completions and legacy completions are the internal form's own
 //! endpoints and pass through untouched, so the other APIs cost chat nothing.
-//! Errors keep OpenAI's envelope on every endpoint served here.
+//! Each API answers errors in its own envelope ([`ClientApi::error_body`]).
 
+pub mod messages;
 pub mod responses;
 
 use crate::answer::Stamp;
+use crate::errors::ApiError;
 use crate::request::Operation;
 use crate::stream::StreamRewriter;
 use crate::usage::Usage;
+use messages::stream::MessagesStream;
 use responses::stream::ResponsesStream;
 
 /// The API a client called.
@@ -34,6 +37,8 @@ pub enum ClientApi {
     Completions,
     /// `POST /responses`: OpenAI's Responses API, stateless ([`responses`]).
     Responses,
+    /// `POST /messages`: Anthropic's Messages API ([`messages`]).
+    Messages,
 }
 
 impl ClientApi {
@@ -43,7 +48,16 @@ impl ClientApi {
             b"/chat/completions" => Some(ClientApi::Chat),
             b"/completions" => Some(ClientApi::Completions),
             b"/responses" => Some(ClientApi::Responses),
+            b"/messages" => Some(ClientApi::Messages),
             _ => None,
+        }
+    }
+
+    /// An error in this API's envelope.
+    pub fn error_body(self, e: &ApiError) -> Vec<u8> {
+        match self {
+            ClientApi::Messages => messages::error_body(e),
+            ClientApi::Chat | ClientApi::Completions | ClientApi::Responses => e.body(),
         }
     }
 
@@ -51,7 +65,7 @@ impl ClientApi {
     pub fn operation(self) -> Operation {
         match self {
             ClientApi::Completions => Operation::Completions,
-            ClientApi::Chat | ClientApi::Responses => Operation::Chat,
+            ClientApi::Chat | ClientApi::Responses | ClientApi::Messages => Operation::Chat,
         }
     }
 
@@ -61,6 +75,7 @@ impl ClientApi {
             ClientApi::Chat => "chatcmpl_",
             ClientApi::Completions => "cmpl_",
             ClientApi::Responses => "resp_",
+            ClientApi::Messages => "msg_",
         }
     }
 }
@@ -72,6 +87,8 @@ pub enum Client {
     Internal,
     /// The Responses API, and what its answer echoes of the request.
     Responses(responses::Echo),
+    /// The Messages API, and what its answer takes of the request.
+    Messages(messages::Asked),
 }
 
 impl Client {
@@ -80,18 +97,20 @@ impl Client {
         match self {
             Client::Internal => Ok(internal),
             Client::Responses(echo) => responses::to_response(echo, stamp, &internal),
+            Client::Messages(asked) => messages::to_message(asked, stamp, &internal),
         }
     }
 
     /// A stream in the client's API over the internal stream `chat`.
     pub fn stream(&self, stamp: &Stamp, chat: StreamRewriter) -> ClientStream {
-        let responses = match self {
-            Client::Internal => None,
-            Client::Responses(echo) => Some(Box::new(ResponsesStream::new(echo.clone(), stamp.clone()))),
+        let outbound = match self {
+            Client::Internal => Outbound::Internal,
+            Client::Responses(echo) => Outbound::Responses(Box::new(ResponsesStream::new(echo.clone(), stamp.clone()))),
+            Client::Messages(_) => Outbound::Messages(Box::new(MessagesStream::new(stamp.clone()))),
         };
         ClientStream {
             chat,
-            responses,
+            outbound,
             internal: Vec::new(),
         }
     }
@@ -101,7 +120,7 @@ impl Client {
 /// and, for another API, its rewriting.
 pub struct ClientStream {
     chat: StreamRewriter,
-    responses: Option<Box<ResponsesStream>>,
+    outbound: Outbound,
     /// The internal stream's bytes of the chunk at hand (reused).
     internal: Vec<u8>,
 }
@@ -109,25 +128,34 @@ pub struct ClientStream {
 impl ClientStream {
     /// Translates one chunk of provider bytes into `out`.
     pub fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
-        match &mut self.responses {
-            None => self.chat.push(chunk, out),
-            Some(responses) => {
-                self.internal.clear();
-                self.chat.push(chunk, &mut self.internal);
-                responses.push(&self.internal, out);
-            }
+        if let Outbound::Internal = self.outbound {
+            return self.chat.push(chunk, out);
+        }
+        self.internal.clear();
+        self.chat.push(chunk, &mut self.internal);
+        match &mut self.outbound {
+            Outbound::Internal => {}
+            Outbound::Responses(stream) => stream.push(&self.internal, out),
+            Outbound::Messages(stream) => stream.push(&self.internal, out),
         }
     }
 
     /// The provider's stream is over: the client's ends too, never silently.
     pub fn finish(&mut self, out: &mut Vec<u8>) {
-        match &mut self.responses {
-            None => self.chat.finish(out),
-            Some(responses) => {
-                self.internal.clear();
-                self.chat.finish(&mut self.internal);
-                responses.push(&self.internal, out);
-                responses.finish(out);
+        if let Outbound::Internal = self.outbound {
+            return self.chat.finish(out);
+        }
+        self.internal.clear();
+        self.chat.finish(&mut self.internal);
+        match &mut self.outbound {
+            Outbound::Internal => {}
+            Outbound::Responses(stream) => {
+                stream.push(&self.internal, out);
+                stream.finish(out);
+            }
+            Outbound::Messages(stream) => {
+                stream.push(&self.internal, out);
+                stream.finish(out);
             }
         }
     }
@@ -141,4 +169,12 @@ impl ClientStream {
     pub fn error_code(&self) -> Option<&str> {
         self.chat.error_code()
     }
+}
+
+/// The client's side of a stream: the internal chat stream as it is, or its
+/// rewriting into another API.
+enum Outbound {
+    Internal,
+    Responses(Box<ResponsesStream>),
+    Messages(Box<MessagesStream>),
 }

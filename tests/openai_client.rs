@@ -1,6 +1,6 @@
-//! The official OpenAI clients (Python, Node) and the Vercel AI SDK against the
-//! running gateway: what a real user's code sees (typed answers, stream iteration,
-//! typed exceptions). `make test` installs the pinned clients: Python's into
+//! The official OpenAI and Anthropic clients (Python, Node), the Vercel AI SDK and the
+//! OpenAI Agents SDK against the running gateway: what a real user's code sees (typed
+//! answers, stream iteration, typed exceptions). `make test` installs the pinned clients: Python's into
 //! `target/pyenv`, Node's into `tests/clients/node/node_modules`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
@@ -109,4 +109,18 @@ fn the_node_sdk_the_ai_sdk_default_and_the_agents_sdk_speak_responses_to_every_p
 #[test]
 fn the_official_anthropic_python_client_speaks_messages_to_every_provider_api() {
     run_client_script("anthropic_messages.py", &[]);
+}
+
+/// Anthropic's Messages API with the official Anthropic TypeScript SDK, through each
+/// provider API (`tests/clients/node/anthropic.mjs`).
+#[test]
+fn the_official_anthropic_typescript_sdk_speaks_messages_to_every_provider_api() {
+    let script = root().join("tests/clients/node/anthropic.mjs");
+    assert!(
+        root()
+            .join("tests/clients/node/node_modules/@anthropic-ai/sdk")
+            .exists(),
+        "the Node clients are missing: run `make test` (it installs them)"
+    );
+    run_client("node", &script, &[]);
 }

@@ -137,12 +137,19 @@ pub struct Provider {
     pub default_max_tokens: u64,
 }
 
-/// A model id served by an ordered list of provider endpoints.
+/// A model id served by an ordered list of provider endpoints. An id with a
+/// `*` is a pattern: it serves every model id it matches that no plain
+/// entry names (Claude Code's `claude-*` names, say).
 #[derive(Debug, Clone)]
 pub struct Model {
     pub id: String,
+    pub pattern: Option<Glob>,
     pub endpoints: Vec<Endpoint>,
 }
+
+/// An endpoint's `model` that stands for the model id the client asked for
+/// (under a pattern, the name Claude Code sent).
+pub const ASKED_MODEL: &str = "*";
 
 /// One provider serving a model under its own upstream model name.
 #[derive(Debug, Clone)]
@@ -400,8 +407,13 @@ fn validate_models(raw: Vec<RawModel>, providers: &[Rc<Provider>], problems: &mu
     for (i, m) in raw.into_iter().enumerate() {
         let at = format!("models[{i}] ({:?})", m.id);
         match m.id.split_once('/') {
-            Some((p, rest)) if !p.is_empty() && !rest.is_empty() => {}
-            _ => problems.push(format!("{at}: id must look like <provider>/<model>")),
+            Some((p, rest)) if p.is_empty() || rest.is_empty() => {
+                problems.push(format!(
+                    "{at}: id must look like <provider>/<model>, a bare id or a pattern"
+                ));
+            }
+            _ if m.id.is_empty() => problems.push(format!("{at}: id must not be empty")),
+            _ => {}
         }
         if m.endpoints.is_empty() {
             problems.push(format!("{at}: endpoints must not be empty"));
@@ -419,7 +431,12 @@ fn validate_models(raw: Vec<RawModel>, providers: &[Rc<Provider>], problems: &mu
                 None => problems.push(format!("{at}.endpoints[{j}]: unknown provider {:?}", e.provider)),
             }
         }
-        models.push(Model { id: m.id, endpoints });
+        let pattern = m.id.contains('*').then(|| Glob::new(&m.id));
+        models.push(Model {
+            id: m.id,
+            pattern,
+            endpoints,
+        });
     }
     report_repeats(
         "models",

@@ -43,6 +43,10 @@ fn listed<'c>(config: &'c Config, key: Option<&'c Key>) -> impl Iterator<Item = 
 /// never is (contract §5), so a model none of whose providers has one is
 /// not listed.
 fn model_entry(m: &Model) -> Option<Value> {
+    // A pattern names no one model.
+    if m.pattern.is_some() {
+        return None;
+    }
     let providers: Vec<&str> = m
         .endpoints
         .iter()

@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use serde_json::Value;
 
-use crate::config::{Config, Provider};
+use crate::config::{ASKED_MODEL, Config, Provider};
 use crate::errors::{ApiError, ErrorType};
 use crate::request::{bad_value, wrong_type};
 
@@ -30,15 +30,19 @@ pub fn model_not_found(model: &str) -> ApiError {
     .with_param("model")
 }
 
-/// Resolves a model id to its default candidates (contract §5 rules 1–3).
+/// Resolves a model id to its default candidates (contract §5 rules 1–3):
+/// a catalog entry named so, else the first catalog pattern it matches,
+/// else `<provider>/<model>`.
 pub fn resolve(config: &Config, model: &str) -> Result<Vec<Candidate>, ApiError> {
-    if let Some(m) = config.models.iter().find(|m| m.id == model) {
+    let entry = (config.models.iter().find(|m| m.pattern.is_none() && m.id == model))
+        .or_else(|| (config.models.iter()).find(|m| m.pattern.as_ref().is_some_and(|p| p.matches(model))));
+    if let Some(m) = entry {
         return Ok(m
             .endpoints
             .iter()
             .map(|e| Candidate {
                 provider: Rc::clone(&e.provider),
-                upstream_model: e.model.clone(),
+                upstream_model: if e.model == ASKED_MODEL { model } else { &e.model }.to_string(),
             })
             .collect());
     }
@@ -203,6 +207,36 @@ mod tests {
 
     fn directive(c: &Config, v: Value) -> Result<Directive, ApiError> {
         parse_directive(c, v.as_object().unwrap().get(&c.routing_field))
+    }
+
+    #[test]
+    fn bare_ids_and_patterns_resolve_as_claude_code_names_them() {
+        let json = br#"{"providers":[
+            {"id":"anthropic","api":"anthropic","cluster":"a","authority":"a","api_key":"k"},
+            {"id":"openai","api":"openai","cluster":"o","authority":"o","api_key":"k"}],
+          "models":[
+            {"id":"claude-sonnet-4-5","endpoints":[{"provider":"anthropic","model":"claude-sonnet-4-5-20250929"},
+                                                    {"provider":"openai","model":"gpt-5"}]},
+            {"id":"claude-*","endpoints":[{"provider":"anthropic","model":"*"}]},
+            {"id":"*","endpoints":[{"provider":"openai","model":"gpt-5-mini"}]}]}"#;
+        let c = Config::parse(json, &|_| None).unwrap();
+        let names = |model: &str| -> Vec<(String, String)> {
+            let r = resolve(&c, model).unwrap();
+            r.iter()
+                .map(|x| (x.provider.id.clone(), x.upstream_model.clone()))
+                .collect()
+        };
+        let pair = |p: &str, m: &str| (p.to_string(), m.to_string());
+        // A plain entry first, though a pattern matches too.
+        assert_eq!(
+            names("claude-sonnet-4-5"),
+            [pair("anthropic", "claude-sonnet-4-5-20250929"), pair("openai", "gpt-5")]
+        );
+        // The first pattern that matches, keeping the asked name.
+        assert_eq!(names("claude-opus-5-5"), [pair("anthropic", "claude-opus-5-5")]);
+        assert_eq!(names("haiku"), [pair("openai", "gpt-5-mini")]);
+        // Before `<provider>/<model>`: a catch-all takes those too.
+        assert_eq!(names("anthropic/x"), [pair("openai", "gpt-5-mini")]);
     }
 
     #[test]

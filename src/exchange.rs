@@ -396,7 +396,7 @@ impl Exchange {
     ) -> Result<Option<ClientApi>, ApiError> {
         // Anthropic's clients send their key as `x-api-key`.
         let token = match header("authorization") {
-            None if self.api == ClientApi::Messages
+            None if matches!(self.api, ClientApi::Messages | ClientApi::CountTokens)
                 && let Some(key) = header("x-api-key") =>
             {
                 key
@@ -472,6 +472,12 @@ impl Exchange {
         let State::Reading { api, key_headers } = std::mem::replace(&mut self.state, State::Done) else {
             return Err(self.fail("request body in an unexpected phase"));
         };
+        if api == ClientApi::CountTokens {
+            return Err(match self.count_tokens(body) {
+                Ok(count) => self.reply(json_reply(&count)),
+                Err(e) => self.reply_error(&e),
+            });
+        }
         match self.route(api, &key_headers, body, now, store) {
             Ok((routed, forward)) => {
                 self.state = State::Upstream(routed);
@@ -479,6 +485,29 @@ impl Exchange {
             }
             Err(e) => Err(self.reply_error(&e)),
         }
+    }
+
+    /// `POST /messages/count_tokens`, answered here: the request is checked
+    /// as a Messages request, its model resolved and allowed, and its tokens
+    /// estimated (no provider is asked; docs/contract.md).
+    fn count_tokens(&mut self, body: &[u8]) -> Result<Value, ApiError> {
+        let cfg = Rc::clone(&self.config);
+        if u64::try_from(body.len()).unwrap_or(u64::MAX) > cfg.max_request_bytes {
+            return Err(too_large(cfg.max_request_bytes));
+        }
+        let chat = messages::count_request_to_chat(body, &cfg.routing_field)?;
+        let request = request::parse(Operation::Chat, &chat)?;
+        self.record.model = Some(request.model.clone());
+        routing::resolve(&cfg, &request.model)?;
+        if self
+            .record
+            .key
+            .as_ref()
+            .is_some_and(|k| !auth::may_use(k, &request.model))
+        {
+            return Err(model_not_allowed(&request.model));
+        }
+        Ok(messages::count_tokens(&chat))
     }
 
     fn route(
@@ -499,7 +528,8 @@ impl Exchange {
                 let (chat, echo) = responses::to_chat(body, &cfg.routing_field)?;
                 (request::parse(api.operation(), &chat)?, Client::Responses(echo))
             }
-            ClientApi::Messages => {
+            // Answered before routing (on_request_body); read as Messages all the same.
+            ClientApi::Messages | ClientApi::CountTokens => {
                 let (chat, asked) = messages::to_chat(body, &cfg.routing_field)?;
                 (request::parse(api.operation(), &chat)?, Client::Messages(asked))
             }
@@ -510,13 +540,7 @@ impl Exchange {
         let defaults = routing::resolve(&cfg, &request.model)?;
         let key = self.record.key.clone();
         if key.as_ref().is_some_and(|k| !auth::may_use(k, &request.model)) {
-            return Err(ApiError::new(
-                403,
-                ErrorType::Permission,
-                "model_not_allowed",
-                format!("This API key may not use the model '{}'.", request.model),
-            )
-            .with_param("model"));
+            return Err(model_not_allowed(&request.model));
         }
         if let Some(key) = key.filter(|_| cfg.limits == Limits::Local) {
             self.record.standing = limits::admit(store, &key, now)?;
@@ -1273,6 +1297,16 @@ fn retryable(status: u16, router_error: bool) -> bool {
 }
 
 /// A 200 JSON answer of the filter's own (the models listing).
+fn model_not_allowed(model: &str) -> ApiError {
+    ApiError::new(
+        403,
+        ErrorType::Permission,
+        "model_not_allowed",
+        format!("This API key may not use the model '{model}'."),
+    )
+    .with_param("model")
+}
+
 fn json_reply(value: &Value) -> Reply {
     Reply {
         status: 200,

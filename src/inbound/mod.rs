@@ -39,6 +39,8 @@ pub enum ClientApi {
     Responses,
     /// `POST /messages`: Anthropic's Messages API ([`messages`]).
     Messages,
+    /// `POST /messages/count_tokens`: answered by the filter, estimated.
+    CountTokens,
 }
 
 impl ClientApi {
@@ -49,6 +51,7 @@ impl ClientApi {
             b"/completions" => Some(ClientApi::Completions),
             b"/responses" => Some(ClientApi::Responses),
             b"/messages" => Some(ClientApi::Messages),
+            b"/messages/count_tokens" => Some(ClientApi::CountTokens),
             _ => None,
         }
     }
@@ -56,7 +59,7 @@ impl ClientApi {
     /// An error in this API's envelope.
     pub fn error_body(self, e: &ApiError) -> Vec<u8> {
         match self {
-            ClientApi::Messages => messages::error_body(e),
+            ClientApi::Messages | ClientApi::CountTokens => messages::error_body(e),
             ClientApi::Chat | ClientApi::Completions | ClientApi::Responses => e.body(),
         }
     }
@@ -65,7 +68,7 @@ impl ClientApi {
     pub fn operation(self) -> Operation {
         match self {
             ClientApi::Completions => Operation::Completions,
-            ClientApi::Chat | ClientApi::Responses | ClientApi::Messages => Operation::Chat,
+            ClientApi::Chat | ClientApi::Responses | ClientApi::Messages | ClientApi::CountTokens => Operation::Chat,
         }
     }
 
@@ -75,7 +78,7 @@ impl ClientApi {
             ClientApi::Chat => "chatcmpl_",
             ClientApi::Completions => "cmpl_",
             ClientApi::Responses => "resp_",
-            ClientApi::Messages => "msg_",
+            ClientApi::Messages | ClientApi::CountTokens => "msg_",
         }
     }
 }

@@ -86,6 +86,19 @@ for provider in ["fake", "fakeanthropic", "fakegemini"]:
     received = seen.content[0].text
     assert pixel in received and "What is this?" in received, received
 
+# Token counting, answered by the gateway (an estimate that grows with the text).
+short = client.messages.count_tokens(model="fakeanthropic/ok", messages=[{"role": "user", "content": "hi"}])
+long = client.messages.count_tokens(
+    model="fakegemini/ok", system="Be brief.", tools=[weather],
+    messages=[{"role": "user", "content": "hi " * 400}],
+)
+assert 0 < short.input_tokens < long.input_tokens, (short, long)
+try:
+    client.messages.count_tokens(model="atlantis/x", messages=[{"role": "user", "content": "hi"}])
+    raise AssertionError("expected NotFoundError")
+except anthropic.NotFoundError as e:
+    assert e.body["error"]["type"] == "not_found_error", e.body
+
 # Errors in Anthropic's envelope, as the SDK's typed exceptions.
 try:
     client.messages.create(model="atlantis/x", max_tokens=5, messages=[{"role": "user", "content": "hi"}])

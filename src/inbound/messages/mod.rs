@@ -51,12 +51,31 @@ pub struct Asked {
 
 /// A Messages request as a chat request's body. `routing_field` is copied.
 pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Asked), ApiError> {
+    let request = read_object(body)?;
+    if request.get("max_tokens").is_none_or(Value::is_null) {
+        return Err(missing("max_tokens"));
+    }
+    translate(&request, routing_field)
+}
+
+/// A `count_tokens` request (a Messages request without `max_tokens`) as a
+/// chat request's body, checked as one.
+pub fn count_request_to_chat(body: &[u8], routing_field: &str) -> Result<Vec<u8>, ApiError> {
+    let mut request = read_object(body)?;
+    request.entry("max_tokens").or_insert_with(|| 1.into());
+    Ok(translate(&request, routing_field)?.0)
+}
+
+fn read_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| invalid_json("Request body is not valid UTF-8."))?;
-    let request = match crate::json::dom::parse(text) {
-        Ok(Value::Object(map)) => map,
-        Ok(_) => return Err(wrong_type("body", "a JSON object")),
-        Err(e) => return Err(invalid_json(&format!("Request body is not valid JSON: {e}."))),
-    };
+    match crate::json::dom::parse(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(wrong_type("body", "a JSON object")),
+        Err(e) => Err(invalid_json(&format!("Request body is not valid JSON: {e}."))),
+    }
+}
+
+fn translate(request: &Map<String, Value>, routing_field: &str) -> Result<(Vec<u8>, Asked), ApiError> {
     let mut chat = Map::new();
     let mut asked = Asked::default();
     let mut messages: Vec<Value> = Vec::new();
@@ -70,10 +89,7 @@ pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Asked), Api
         }
         Some(_) => return Err(wrong_type("system", "a string or an array of text blocks")),
     }
-    if request.get("max_tokens").is_none_or(Value::is_null) {
-        return Err(missing("max_tokens"));
-    }
-    for (name, value) in &request {
+    for (name, value) in request {
         if value.is_null() {
             continue;
         }
@@ -405,6 +421,19 @@ fn thinking(value: &Value, chat: &mut Map<String, Value>) -> Result<(), ApiError
     };
     chat.entry("reasoning_effort").or_insert_with(|| effort.into());
     Ok(())
+}
+
+/// `count_tokens`' answer for a request already rewritten as `chat`: an
+/// estimate, a token for every four bytes of its messages' and tools' JSON
+/// (the rule of thumb for English text and code), at least one.
+pub fn count_tokens(chat: &[u8]) -> Value {
+    let parsed: Value = crate::json::from_bytes(chat).unwrap_or(Value::Null);
+    let bytes: usize = ["messages", "tools"]
+        .iter()
+        .filter_map(|field| parsed.get(field))
+        .map(|v| v.to_string().len())
+        .sum();
+    json!({"input_tokens": bytes.div_ceil(4).max(1)})
 }
 
 // ---- the answer ----------------------------------------------------------------

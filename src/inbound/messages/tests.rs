@@ -351,3 +351,26 @@ fn a_provider_failing_mid_stream_ends_with_an_error_event() {
     assert!(!last["error"]["message"].as_str().unwrap().is_empty());
     assert!(!events.iter().any(|e| e["type"] == "message_stop"));
 }
+
+#[test]
+fn count_tokens_is_an_estimate_that_grows_with_the_text_and_needs_no_max_tokens() {
+    let count = |request: Value| {
+        let chat = count_request_to_chat(request.to_string().as_bytes(), "waygate").unwrap();
+        count_tokens(&chat)["input_tokens"].as_u64().unwrap()
+    };
+    let short = count(json!({"model": "a/b", "messages": [{"role": "user", "content": "hi"}]}));
+    let long = count(
+        json!({"model": "a/b", "messages": [{"role": "user", "content": "hi ".repeat(400)}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}]}),
+    );
+    assert!(0 < short && short < long, "{short} {long}");
+    // 1,200 characters of text are about 300 tokens.
+    assert!((300..340).contains(&long), "{long}");
+    assert!(
+        count_request_to_chat(
+            br#"{"model":"a/b","messages":[{"role":"user","content":[{"type":"document"}]}]}"#,
+            "waygate"
+        )
+        .is_err()
+    );
+}

@@ -42,7 +42,9 @@
 //! the same provider stream through Envoy alone; then a streamed answer whose first
 //! candidate answers 503 (`bench/fallback`), through each fallback mode (router fallback in
 //! an Envoy of its own running `envoy/local-router.yaml`, from Envoy 1.39), against the same
-//! stream asked of the second candidate first. Each cell
+//! stream asked of the second candidate first; then the inbound APIs: the same ~1 KB
+//! conversation as a chat completion, a Responses request and a Messages request, plain
+//! (c = 64) and streamed (long-18, c = 16), through the filter. Each cell
 //! runs in interleaved rounds, every row in turn, so a noisy neighbour hits them alike.
 //!
 //! Per row and cell: the proxy's CPU per request, the growth of its threads' run time (the
@@ -187,6 +189,28 @@ const ROUTER_FALLBACK: &str = "waygate, router fallback";
 const FALLBACK_TTFB_ADDED_MS: f64 = 5.0;
 /// The first Envoy with `retry_policy.refresh_cluster_on_retry`, which router fallback needs.
 const ROUTER_FALLBACK_SINCE: (u32, u32) = (1, 39);
+
+/// The inbound APIs, each over the same provider answer: the same ~1 KB conversation
+/// as a chat completion, a Responses request and a Messages request, plain (c = 64) and
+/// streamed (the fake's long-18, c = 16), through the filter.
+const CLIENT_APIS: Cell = Cell {
+    title: "inbound APIs c = 64",
+    concurrency: 64,
+    streaming: false,
+    requests: 24_000,
+};
+const CLIENT_API_STREAMS: Cell = Cell {
+    title: "inbound APIs SSE c = 16",
+    concurrency: 16,
+    streaming: true,
+    requests: 1_500,
+};
+/// The inbound APIs' row labels and paths.
+const CLIENT_API_PATHS: [(&str, &str); 3] = [
+    ("chat", "/api/v1/chat/completions"),
+    ("responses", "/api/v1/responses"),
+    ("messages", "/api/v1/messages"),
+];
 
 const C1: usize = 0;
 const C64: usize = 1;
@@ -407,6 +431,15 @@ fn run() -> Result<(), Error> {
 
     let long_rows = long_stream_rows(&envoy_alone, &filtered, &body);
     let long = stream_cell(&rt, &LONG_STREAMS, &long_rows, seconds)?;
+
+    let api_rows = client_api_rows(&filtered, &body);
+    for row in &api_rows {
+        rt.block_on(load(row.addr, &row.chat, 1, Budget::Requests(1)))
+            .map_err(|e| format!("{}: {e}", row.label))?;
+    }
+    let plain = measure(&rt, &CLIENT_APIS, &api_rows, CLIENT_APIS.round(seconds))?;
+    print_cell(&CLIENT_APIS, &api_rows, &plain, &[], CLIENT_APIS.round(seconds));
+    stream_cell(&rt, &CLIENT_API_STREAMS, &api_rows, seconds)?;
 
     // At rest after the run: the bootstrap's memory_allocator_manager gives free heap back
     // every second, and a proxy just started still holds the memory V8 took to compile its
@@ -1492,7 +1525,10 @@ async fn sse_events(addr: SocketAddr, request: &[u8]) -> Result<usize, Error> {
     let events = text.matches("data: ").count();
     if text.contains("data: [DONE]") {
         Ok(events.saturating_sub(1))
-    } else if text.contains("\"message_stop\"") || text.contains("\"finishReason\"") {
+    } else if ["\"message_stop\"", "\"finishReason\"", "\"response.completed\""]
+        .iter()
+        .any(|end| text.contains(end))
+    {
         Ok(events)
     } else {
         Err(format!("the stream did not end: {text}").into())
@@ -1522,6 +1558,45 @@ fn fallback_rows(waygate: &Proc, router: Option<&Proc>, body: &Value) -> Vec<Row
         row(HTTP_CALL_FALLBACK, waygate, FALLBACK_MODEL),
     ];
     rows.extend(router.map(|r| row(ROUTER_FALLBACK, r, FALLBACK_MODEL)));
+    rows
+}
+
+/// The inbound-API cells' rows: per filtered build, the bench's conversation as each
+/// inbound API's request, plain and streamed, all answered by the OpenAI-compatible fake.
+fn client_api_rows(filtered: &[(&str, &Proc)], body: &Value) -> Vec<Row> {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let system: String = messages
+        .iter()
+        .filter(|m| m["role"] == "system")
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    let turns: Vec<Value> = messages.iter().filter(|m| m["role"] != "system").cloned().collect();
+    let request = |api: &str, model: &str, stream: bool| match api {
+        "responses" => {
+            json!({"model": model, "instructions": system, "input": turns, "max_output_tokens": 256, "stream": stream})
+        }
+        "messages" => json!({"model": model, "system": system, "messages": turns, "max_tokens": 256, "stream": stream}),
+        _ => json!({"model": model, "messages": messages, "max_tokens": 256, "stream": stream}),
+    };
+    let mut rows = Vec::new();
+    for (label, proxy) in filtered {
+        for (api, path) in CLIENT_API_PATHS {
+            let send = |model: &str, stream: bool| {
+                http(
+                    path,
+                    &[("authorization", "Bearer wg-dev-key")],
+                    &request(api, model, stream),
+                )
+            };
+            rows.push(Row {
+                label: format!("{label}, {api}"),
+                addr: proxy.addr,
+                chat: send("fake/ok", false),
+                stream: send("fake/long-18", true),
+                proxy: Some(proxy.pid()),
+            });
+        }
+    }
     rows
 }
 

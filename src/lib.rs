@@ -1,4 +1,5 @@
-//! waygate: an OpenAI-compatible LLM gateway as a proxy-wasm HTTP filter.
+//! waygate: an OpenAI- and Anthropic-compatible LLM gateway as a proxy-wasm
+//! HTTP filter.
 //!
 //! A request's life, and the module that owns each step:
 //!
@@ -6,17 +7,20 @@
 //!    that talks to the host. It hands what it read to an [`exchange::Exchange`]
 //!    and applies what comes back.
 //! 2. Request headers (read as bytes, [`headers`]): cluster and `x-waygate-*`
-//!    headers are stripped from every request; under `base_path`, [`auth`]
-//!    checks the bearer key against SHA-256 digests, then endpoint, method,
-//!    content type and size.
-//! 3. Request body: [`request`] validates it (one set of rules over the
-//!    client's text, or serde's DOM where its walk is not sure), [`routing`]
-//!    resolves the model to candidates and applies the routing object,
-//!    [`providers`] translates it for the chosen provider's API.
+//!    headers are stripped from every request; under `base_path`, [`inbound`]
+//!    names the API the client called, [`auth`] checks the key against
+//!    SHA-256 digests, then endpoint, method, content type and size.
+//! 3. Request body: one internal form, the chat completion, serves every
+//!    inbound API: [`inbound`] rewrites a Responses or Messages request as
+//!    one; [`request`] validates it (one set of rules over the client's text,
+//!    or serde's DOM where its walk is not sure), [`routing`] resolves the
+//!    model to candidates and applies the routing object, [`providers`]
+//!    translates it for the chosen provider's API.
 //! 4. Response: a stream goes through [`stream`] (one [`sse`] framer, one
 //!    provider translator, OpenAI chunks out); a JSON answer or an error is
-//!    buffered and reshaped by [`answer`] or into an [`errors::ApiError`].
-//!    Whatever came from a provider has its credential scrubbed ([`redact`]).
+//!    buffered and reshaped by [`answer`] or into an [`errors::ApiError`];
+//!    [`inbound`] then rewrites either into the client's API. Whatever came
+//!    from a provider has its credential scrubbed ([`redact`]).
 //! 5. The access log line and the stats come from [`exchange::Exchange::on_log`],
 //!    out of the [`record`] the exchange kept of the request.
 //!

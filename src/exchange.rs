@@ -29,6 +29,7 @@ use crate::inbound::{Client, ClientApi, ClientStream, messages, responses};
 use crate::limits::{self, SharedStore};
 use crate::metrics;
 use crate::models;
+use crate::providers::anthropic::{self, NativeStream};
 use crate::providers::{self, UpstreamRequest};
 use crate::record::Record;
 use crate::redact::{self, Secret};
@@ -196,7 +197,7 @@ impl Plan {
     /// same whichever attempt it is.
     fn next(
         &mut self,
-        request: &ParsedRequest,
+        asked: &Asked,
         routing_field: &str,
         refusal: &mut Option<ApiError>,
     ) -> Option<(Rc<Provider>, UpstreamRequest)> {
@@ -205,7 +206,10 @@ impl Plan {
         }
         for candidate in self.candidates.by_ref() {
             let provider = candidate.provider;
-            match providers::build_request(&provider, request, &candidate.upstream_model, routing_field) {
+            let model = &candidate.upstream_model;
+            let built = (asked.client.native_request(&provider, model, routing_field))
+                .unwrap_or_else(|| providers::build_request(&provider, &asked.request, model, routing_field));
+            match built {
                 Ok(upstream) => {
                     self.tries_left -= 1;
                     return Some((provider, upstream));
@@ -256,6 +260,9 @@ enum State {
     Reading {
         api: ClientApi,
         key_headers: Vec<String>,
+        /// The client's API headers that go with its request to a provider
+        /// of the same API (`anthropic-version`, `anthropic-beta`).
+        api_headers: Vec<Header>,
     },
     /// Sent upstream, waiting for the response headers.
     Upstream(Routed),
@@ -366,7 +373,17 @@ impl Exchange {
         let action = match self.check_head(&cfg, sub, &header, end_of_stream) {
             Ok(Some(api)) => {
                 let key_headers = key_headers(pairs, header("authorization"));
-                self.state = State::Reading { api, key_headers };
+                let api_headers = match api {
+                    ClientApi::Messages => (anthropic::CLIENT_HEADERS.iter())
+                        .filter_map(|name| Some((name.to_string(), printable(header(name)?))))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                self.state = State::Reading {
+                    api,
+                    key_headers,
+                    api_headers,
+                };
                 HeadersAction::ReadBody
             }
             Ok(None) => {
@@ -469,7 +486,12 @@ impl Exchange {
     /// The whole request body is here. `now` is unix seconds.
     /// `store` holds the per-key limit counters shared by every worker.
     pub fn on_request_body(&mut self, body: &[u8], now: u64, store: &mut dyn SharedStore) -> Result<Forward, Reply> {
-        let State::Reading { api, key_headers } = std::mem::replace(&mut self.state, State::Done) else {
+        let State::Reading {
+            api,
+            key_headers,
+            api_headers,
+        } = std::mem::replace(&mut self.state, State::Done)
+        else {
             return Err(self.fail("request body in an unexpected phase"));
         };
         if api == ClientApi::CountTokens {
@@ -478,7 +500,7 @@ impl Exchange {
                 Err(e) => self.reply_error(&e),
             });
         }
-        match self.route(api, &key_headers, body, now, store) {
+        match self.route(api, &key_headers, api_headers, body, now, store) {
             Ok((routed, forward)) => {
                 self.state = State::Upstream(routed);
                 Ok(forward)
@@ -495,7 +517,7 @@ impl Exchange {
         if u64::try_from(body.len()).unwrap_or(u64::MAX) > cfg.max_request_bytes {
             return Err(too_large(cfg.max_request_bytes));
         }
-        let chat = messages::count_request_to_chat(body, &cfg.routing_field)?;
+        let (chat, count) = messages::count_request(body, &cfg.routing_field)?;
         let request = request::parse(Operation::Chat, &chat)?;
         self.record.model = Some(request.model.clone());
         routing::resolve(&cfg, &request.model)?;
@@ -507,13 +529,14 @@ impl Exchange {
         {
             return Err(model_not_allowed(&request.model));
         }
-        Ok(messages::count_tokens(&chat))
+        Ok(count)
     }
 
     fn route(
         &mut self,
         api: ClientApi,
         key_headers: &[String],
+        api_headers: Vec<Header>,
         body: &[u8],
         now: u64,
         store: &mut dyn SharedStore,
@@ -530,7 +553,8 @@ impl Exchange {
             }
             // Answered before routing (on_request_body); read as Messages all the same.
             ClientApi::Messages | ClientApi::CountTokens => {
-                let (chat, asked) = messages::to_chat(body, &cfg.routing_field)?;
+                let (chat, mut asked) = messages::to_chat(body, &cfg.routing_field)?;
+                asked.headers = api_headers;
                 (request::parse(api.operation(), &chat)?, Client::Messages(asked))
             }
             ClientApi::Chat | ClientApi::Completions => (request::parse(api.operation(), body)?, Client::Internal),
@@ -572,7 +596,7 @@ impl Exchange {
 
         if cfg.fallback == Fallback::Router {
             let mut prepared: Vec<Prepared> = Vec::new();
-            while let Some((provider, upstream)) = plan.next(&asked.request, &cfg.routing_field, &mut refusal) {
+            while let Some((provider, upstream)) = plan.next(&asked, &cfg.routing_field, &mut refusal) {
                 let (set, body) = request_headers(&provider, upstream);
                 prepared.push(Prepared { provider, set, body });
             }
@@ -587,7 +611,7 @@ impl Exchange {
             };
             return Ok((routed, forward));
         }
-        let Some((provider, upstream)) = plan.next(&asked.request, &cfg.routing_field, &mut refusal) else {
+        let Some((provider, upstream)) = plan.next(&asked, &cfg.routing_field, &mut refusal) else {
             return Err(refusal.unwrap_or_else(|| routing::no_provider(&asked.request.model, &keyless)));
         };
         let forward = forward(&cfg, &provider, upstream, key_headers, properties);
@@ -718,7 +742,7 @@ impl Exchange {
         let Next::Call(plan) = &mut routed.next else {
             return None;
         };
-        let (provider, upstream) = plan.next(&routed.asked.request, &self.config.routing_field, &mut None)?;
+        let (provider, upstream) = plan.next(&routed.asked, &self.config.routing_field, &mut None)?;
         let mut headers: Vec<Header> = vec![
             (":method".into(), "POST".into()),
             (":path".into(), upstream.path),
@@ -982,6 +1006,11 @@ impl Exchange {
             rewriter.finish(&mut out);
             self.record.usage = rewriter.usage();
             ("text/event-stream", out)
+        } else if asked.client.is_native(provider.api) {
+            // The client's own API: passed as it came, but for the model's name.
+            let (out, usage) = anthropic::native_answer(body, &asked.stamp.model)?;
+            self.record.usage = Some(usage);
+            ("application/json", out)
         } else if provider.api == Api::Openai && asked.stamp.op == Operation::Chat {
             // Already a chat.completion: a few members change, the rest is copied.
             let (out, usage) = providers::openai::finish_chat(&asked.stamp, body)?;
@@ -993,7 +1022,7 @@ impl Exchange {
             let out = serde_json::to_vec(&answer::finish(&asked.stamp, answer, usage)).map_err(|e| e.to_string())?;
             ("application/json", out)
         };
-        if content_type == "application/json" {
+        if content_type == "application/json" && !asked.client.is_native(provider.api) {
             out = asked.client.answer(&asked.stamp, out)?;
         }
         self.redact(&mut out);
@@ -1261,6 +1290,9 @@ fn route_attempts(
 /// The serving provider's stream translated for the request asked: into
 /// the internal chat stream, then into the client's API.
 fn new_rewriter(asked: &Asked, provider: &Provider) -> ClientStream {
+    if asked.client.is_native(provider.api) {
+        return ClientStream::native(NativeStream::new(provider.credential.clone()));
+    }
     let translator = providers::stream_translator(provider.api, &asked.request);
     let rewriter = StreamRewriter::new(translator, asked.stamp.clone(), asked.request.include_usage);
     // Deltas may split the credential, which the byte-level redaction of

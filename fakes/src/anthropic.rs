@@ -37,7 +37,8 @@ pub(crate) fn handle(req: &RecordedRequest) -> Reply {
     }
     match req.header("anthropic-version") {
         None => return invalid("anthropic-version: header is required"),
-        Some("2023-06-01" | "2023-01-01") => {}
+        // 2026-10-21: what the Anthropic SDKs pinned in tests/clients send.
+        Some("2023-06-01" | "2023-01-01" | "2026-10-21") => {}
         Some(other) => return invalid(&format!("anthropic-version: invalid version '{other}'")),
     }
     let body = match serde_json::from_slice::<Value>(&req.body) {

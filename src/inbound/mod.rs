@@ -21,7 +21,10 @@ pub mod messages;
 pub mod responses;
 
 use crate::answer::Stamp;
+use crate::config::{Api, Provider};
 use crate::errors::ApiError;
+use crate::providers::UpstreamRequest;
+use crate::providers::anthropic::{self, NativeStream};
 use crate::request::Operation;
 use crate::stream::StreamRewriter;
 use crate::usage::Usage;
@@ -106,57 +109,104 @@ impl Client {
 
     /// A stream in the client's API over the internal stream `chat`.
     pub fn stream(&self, stamp: &Stamp, chat: StreamRewriter) -> ClientStream {
-        let outbound = match self {
-            Client::Internal => Outbound::Internal,
-            Client::Responses(echo) => Outbound::Responses(Box::new(ResponsesStream::new(echo.clone(), stamp.clone()))),
-            Client::Messages(_) => Outbound::Messages(Box::new(MessagesStream::new(stamp.clone()))),
+        let way = match self {
+            Client::Internal => Way::Internal(chat),
+            Client::Responses(echo) => {
+                Way::Responses(chat, Box::new(ResponsesStream::new(echo.clone(), stamp.clone())))
+            }
+            Client::Messages(_) => Way::Messages(chat, Box::new(MessagesStream::new(stamp.clone()))),
         };
         ClientStream {
-            chat,
-            outbound,
+            way,
             internal: Vec::new(),
         }
     }
+
+    /// The client's own request for `provider` when it speaks the client's
+    /// API (see [`Client::is_native`]), or why the request cannot be
+    /// translated for it; `None` when it is to be translated.
+    pub fn native_request(
+        &self,
+        provider: &Provider,
+        upstream_model: &str,
+        routing_field: &str,
+    ) -> Option<Result<UpstreamRequest, ApiError>> {
+        match self {
+            Client::Messages(asked) if self.is_native(provider.api) => Some(anthropic::native_request(
+                provider,
+                &asked.body,
+                &asked.headers,
+                upstream_model,
+                routing_field,
+            )),
+            Client::Messages(asked) => asked.untranslatable.clone().map(Err),
+            _ => None,
+        }
+    }
+
+    /// Whether `provider` speaks the client's own API: the request and the
+    /// answer then pass natively, with nothing translated.
+    pub fn is_native(&self, provider: Api) -> bool {
+        matches!(self, Client::Messages(_)) && provider == Api::Anthropic
+    }
 }
 
-/// A provider's stream on its way to the client: the internal chat stream,
-/// and, for another API, its rewriting.
+/// A provider's stream on its way to the client.
 pub struct ClientStream {
-    chat: StreamRewriter,
-    outbound: Outbound,
+    way: Way,
     /// The internal stream's bytes of the chunk at hand (reused).
     internal: Vec<u8>,
 }
 
+/// How a stream reaches the client: the internal chat stream as it is, its
+/// rewriting into another API, or the provider's own stream in the client's
+/// own API.
+enum Way {
+    Internal(StreamRewriter),
+    Responses(StreamRewriter, Box<ResponsesStream>),
+    Messages(StreamRewriter, Box<MessagesStream>),
+    Native(Box<NativeStream>),
+}
+
 impl ClientStream {
+    /// The provider's stream in the client's own API, passed through.
+    pub fn native(stream: NativeStream) -> ClientStream {
+        ClientStream {
+            way: Way::Native(Box::new(stream)),
+            internal: Vec::new(),
+        }
+    }
+
     /// Translates one chunk of provider bytes into `out`.
     pub fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
-        if let Outbound::Internal = self.outbound {
-            return self.chat.push(chunk, out);
-        }
         self.internal.clear();
-        self.chat.push(chunk, &mut self.internal);
-        match &mut self.outbound {
-            Outbound::Internal => {}
-            Outbound::Responses(stream) => stream.push(&self.internal, out),
-            Outbound::Messages(stream) => stream.push(&self.internal, out),
+        match &mut self.way {
+            Way::Internal(chat) => chat.push(chunk, out),
+            Way::Native(native) => native.push(chunk, out),
+            Way::Responses(chat, stream) => {
+                chat.push(chunk, &mut self.internal);
+                stream.push(&self.internal, out);
+            }
+            Way::Messages(chat, stream) => {
+                chat.push(chunk, &mut self.internal);
+                stream.push(&self.internal, out);
+            }
         }
     }
 
     /// The provider's stream is over: the client's ends too, never silently.
     pub fn finish(&mut self, out: &mut Vec<u8>) {
-        if let Outbound::Internal = self.outbound {
-            return self.chat.finish(out);
-        }
         self.internal.clear();
-        self.chat.finish(&mut self.internal);
-        match &mut self.outbound {
-            Outbound::Internal => {}
-            Outbound::Responses(stream) => {
+        match &mut self.way {
+            Way::Internal(chat) => chat.finish(out),
+            Way::Native(native) => native.finish(out),
+            Way::Responses(chat, stream) => {
+                chat.finish(&mut self.internal);
                 stream.push(&self.internal, out);
                 stream.finish(out);
             }
-            Outbound::Messages(stream) => {
+            Way::Messages(chat, stream) => {
+                chat.finish(&mut self.internal);
                 stream.push(&self.internal, out);
                 stream.finish(out);
             }
@@ -165,19 +215,17 @@ impl ClientStream {
 
     /// Usage seen so far (for the access log and limits).
     pub fn usage(&self) -> Option<Usage> {
-        self.chat.usage()
+        match &self.way {
+            Way::Internal(chat) | Way::Responses(chat, _) | Way::Messages(chat, _) => chat.usage(),
+            Way::Native(native) => native.usage(),
+        }
     }
 
     /// The `code` of the error the stream ended with, if it did.
     pub fn error_code(&self) -> Option<&str> {
-        self.chat.error_code()
+        match &self.way {
+            Way::Internal(chat) | Way::Responses(chat, _) | Way::Messages(chat, _) => chat.error_code(),
+            Way::Native(native) => native.error_code(),
+        }
     }
-}
-
-/// The client's side of a stream: the internal chat stream as it is, or its
-/// rewriting into another API.
-enum Outbound {
-    Internal,
-    Responses(Box<ResponsesStream>),
-    Messages(Box<MessagesStream>),
 }

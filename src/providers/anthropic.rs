@@ -75,6 +75,9 @@ fn mode(body: &Map<String, Value>) -> Result<Mode, ApiError> {
     }
 }
 
+mod native;
+pub use native::{CLIENT_HEADERS, NativeStream, native_answer, native_request};
+
 // ---- request ------------------------------------------------------------------
 
 pub fn build_request(

@@ -25,6 +25,9 @@ const FIELDS: &[&str] = &[
     "container",
     "mcp_servers",
     "context_management",
+    // Claude Code 2.1.332's effort and region settings.
+    "output_config",
+    "inference_geo",
 ];
 const BLOCK_TYPES: &[&str] = &[
     "text",
@@ -94,7 +97,8 @@ pub(super) fn validate(body: &Map<String, Value>) -> Checked {
 /// Checks one message; returns the `tool_use` ids it leaves waiting for results.
 fn validate_message(i: usize, m: &Value, pending: &[String]) -> Result<Vec<String>, Reply> {
     let role = match m.get("role").and_then(Value::as_str) {
-        Some(r @ ("user" | "assistant")) => r,
+        // `system` turns: the per-turn-control beta Claude Code 2.1.332 sends.
+        Some(r @ ("user" | "assistant" | "system")) => r,
         None if m.get("role").is_none() => {
             return Err(invalid(&format!("messages.{i}.role: Field required")));
         }

@@ -23,7 +23,7 @@ pub mod stream;
 use serde_json::{Map, Value, json};
 
 use crate::answer::Stamp;
-use crate::errors::{ApiError, ErrorType};
+use crate::errors::{ApiError, ErrorType, Header};
 use crate::request::{bad_value, missing, wrong_type};
 
 /// Fields accepted with nothing to send over chat: the provider's own
@@ -40,30 +40,63 @@ const ACCEPTED: [&str; 5] = [
 /// Fields copied to the chat request under the same name.
 const SAME_NAME: [&str; 4] = ["model", "temperature", "top_p", "max_tokens"];
 
-/// What the answer needs of the request: nothing but the stamp today, kept
-/// as a type so the answer and the stream take what the request decided.
+/// The client's request as it came, for a provider that speaks the
+/// Messages API itself (`providers::anthropic::native_request`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Asked {
-    /// The stop sequences asked for: a chat `stop` finish says which one only
-    /// when there is just one.
-    stop_sequences: Vec<String>,
+    /// The body as the client sent it.
+    pub body: Vec<u8>,
+    /// The client's `anthropic-version` and `anthropic-beta`.
+    pub headers: Vec<Header>,
+    /// Why the request cannot be translated for another provider's API,
+    /// when it cannot.
+    pub untranslatable: Option<ApiError>,
 }
 
 /// A Messages request as a chat request's body. `routing_field` is copied.
+///
+/// What only chat cannot carry (a block, a server tool, a field waygate does
+/// not know) is no error yet: an Anthropic provider takes the request as it
+/// came. The chat request is then the request's routing members alone, and
+/// [`Asked::untranslatable`] says why no other provider may be asked.
 pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Asked), ApiError> {
     let request = read_object(body)?;
     if request.get("max_tokens").is_none_or(Value::is_null) {
         return Err(missing("max_tokens"));
     }
-    translate(&request, routing_field)
+    let (chat, mut asked) = match translate(&request, routing_field) {
+        Ok(translated) => translated,
+        Err(e) if ["unsupported_parameter", "unknown_parameter"].contains(&e.code.as_str()) => {
+            let mut chat = Map::new();
+            for name in ["model", "max_tokens", "stream", routing_field] {
+                if let Some(value) = request.get(name) {
+                    chat.insert(name.to_string(), value.clone());
+                }
+            }
+            chat.insert("messages".into(), json!([{"role": "user", "content": ""}]));
+            let chat =
+                serde_json::to_vec(&Value::Object(chat)).map_err(|_| invalid_json("The body could not be read."))?;
+            let asked = Asked {
+                untranslatable: Some(e),
+                ..Asked::default()
+            };
+            (chat, asked)
+        }
+        Err(e) => return Err(e),
+    };
+    asked.body = body.to_vec();
+    Ok((chat, asked))
 }
 
-/// A `count_tokens` request (a Messages request without `max_tokens`) as a
-/// chat request's body, checked as one.
-pub fn count_request_to_chat(body: &[u8], routing_field: &str) -> Result<Vec<u8>, ApiError> {
+/// A `count_tokens` request (a Messages request without `max_tokens`), checked
+/// as a Messages request: its chat form (for the model), and the estimate.
+pub fn count_request(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Value), ApiError> {
     let mut request = read_object(body)?;
     request.entry("max_tokens").or_insert_with(|| 1.into());
-    Ok(translate(&request, routing_field)?.0)
+    let with_max =
+        serde_json::to_vec(&Value::Object(request.clone())).map_err(|_| invalid_json("The body could not be read."))?;
+    let (chat, _) = to_chat(&with_max, routing_field)?;
+    Ok((chat, count_tokens(&request)))
 }
 
 fn read_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -77,7 +110,7 @@ fn read_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 
 fn translate(request: &Map<String, Value>, routing_field: &str) -> Result<(Vec<u8>, Asked), ApiError> {
     let mut chat = Map::new();
-    let mut asked = Asked::default();
+    let asked = Asked::default();
     let mut messages: Vec<Value> = Vec::new();
     let mut stream = false;
     match request.get("system") {
@@ -107,11 +140,8 @@ fn translate(request: &Map<String, Value>, routing_field: &str) -> Result<(Vec<u
                 let Value::Array(stops) = value else {
                     return Err(wrong_type("stop_sequences", "an array of strings"));
                 };
-                for (i, stop) in stops.iter().enumerate() {
-                    let stop = stop
-                        .as_str()
-                        .ok_or_else(|| wrong_type(&format!("stop_sequences.{i}"), "a string"))?;
-                    asked.stop_sequences.push(stop.to_string());
+                if let Some(i) = stops.iter().position(|stop| !stop.is_string()) {
+                    return Err(wrong_type(&format!("stop_sequences.{i}"), "a string"));
                 }
                 chat.insert("stop".into(), value.clone());
             }
@@ -423,14 +453,13 @@ fn thinking(value: &Value, chat: &mut Map<String, Value>) -> Result<(), ApiError
     Ok(())
 }
 
-/// `count_tokens`' answer for a request already rewritten as `chat`: an
-/// estimate, a token for every four bytes of its messages' and tools' JSON
-/// (the rule of thumb for English text and code), at least one.
-pub fn count_tokens(chat: &[u8]) -> Value {
-    let parsed: Value = crate::json::from_bytes(chat).unwrap_or(Value::Null);
-    let bytes: usize = ["messages", "tools"]
+/// `count_tokens`' answer: an estimate, a token for every four bytes of the
+/// request's system prompt, messages and tools as JSON (the rule of thumb
+/// for English text and code), at least one.
+fn count_tokens(request: &Map<String, Value>) -> Value {
+    let bytes: usize = ["system", "messages", "tools"]
         .iter()
-        .filter_map(|field| parsed.get(field))
+        .filter_map(|field| request.get(*field))
         .map(|v| v.to_string().len())
         .sum();
     json!({"input_tokens": bytes.div_ceil(4).max(1)})

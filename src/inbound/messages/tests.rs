@@ -24,6 +24,17 @@ fn refused(request: Value) -> (u16, String, Option<String>) {
     (e.status, e.code, e.param)
 }
 
+/// Why a request that passes to an Anthropic provider as it came cannot be
+/// translated for another.
+fn untranslatable(request: Value) -> (u16, String, Option<String>) {
+    let (chat, asked) = to_chat(request.to_string().as_bytes(), "waygate").unwrap();
+    let e = asked.untranslatable.unwrap();
+    // The chat form still routes it.
+    let chat: Value = serde_json::from_slice(&chat).unwrap();
+    assert_eq!(chat["model"], request["model"]);
+    (e.status, e.code, e.param)
+}
+
 fn stamp() -> Stamp {
     Stamp {
         op: Operation::Chat,
@@ -138,34 +149,36 @@ fn images_and_a_thinking_budget_take_chats_shapes() {
 }
 
 #[test]
-fn what_cannot_be_carried_is_refused_naming_it() {
+fn what_chat_cannot_carry_is_named_and_what_is_invalid_is_refused() {
     let turn =
         |block: Value| json!({"model": "a/b", "max_tokens": 5, "messages": [{"role": "user", "content": [block]}]});
     let unsupported = |param: &str| (400, "unsupported_parameter".to_string(), Some(param.to_string()));
+    let tools = json!({"model": "a/b", "max_tokens": 5, "messages": [], "tools": [{"type": "web_search_20250305", "name": "web_search"}]});
+    assert_eq!(untranslatable(tools), unsupported("tools.0.type"));
+    let document = json!({"type": "document", "source": {"type": "text", "data": "x", "media_type": "text/plain"}});
+    assert_eq!(untranslatable(turn(document)), unsupported("messages.0.content.0.type"));
+    let mcp = json!({"model": "a/b", "max_tokens": 5, "messages": [], "mcp_servers": [{"url": "https://x"}]});
+    assert_eq!(untranslatable(mcp), unsupported("mcp_servers"));
+    let unknown = json!({"model": "a/b", "max_tokens": 5, "messages": [], "frequency_penalty": 1});
     assert_eq!(
-        refused(
-            json!({"model": "a/b", "max_tokens": 5, "messages": [], "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
-        ),
-        unsupported("tools.0.type")
-    );
-    assert_eq!(
-        refused(turn(
-            json!({"type": "document", "source": {"type": "text", "data": "x", "media_type": "text/plain"}})
-        )),
-        unsupported("messages.0.content.0.type")
-    );
-    assert_eq!(
-        refused(json!({"model": "a/b", "max_tokens": 5, "messages": [], "mcp_servers": [{"url": "https://x"}]})),
-        unsupported("mcp_servers")
-    );
-    assert_eq!(
-        refused(json!({"model": "a/b", "max_tokens": 5, "messages": [], "frequency_penalty": 1})),
+        untranslatable(unknown),
         (400, "unknown_parameter".into(), Some("frequency_penalty".into()))
     );
+    // What is wrong for every provider is refused outright.
     assert_eq!(
         refused(json!({"model": "a/b", "messages": []})),
         (400, "missing_field".into(), Some("max_tokens".into()))
     );
+    assert_eq!(
+        refused(json!({"model": "a/b", "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]})),
+        (400, "invalid_value".into(), Some("messages.0.role".into()))
+    );
+    let (_, asked) = to_chat(
+        br#"{"model":"a/b","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+        "w",
+    )
+    .unwrap();
+    assert_eq!(asked.untranslatable, None);
 }
 
 #[test]
@@ -355,8 +368,8 @@ fn a_provider_failing_mid_stream_ends_with_an_error_event() {
 #[test]
 fn count_tokens_is_an_estimate_that_grows_with_the_text_and_needs_no_max_tokens() {
     let count = |request: Value| {
-        let chat = count_request_to_chat(request.to_string().as_bytes(), "waygate").unwrap();
-        count_tokens(&chat)["input_tokens"].as_u64().unwrap()
+        let (_, count) = count_request(request.to_string().as_bytes(), "waygate").unwrap();
+        count["input_tokens"].as_u64().unwrap()
     };
     let short = count(json!({"model": "a/b", "messages": [{"role": "user", "content": "hi"}]}));
     let long = count(
@@ -367,8 +380,8 @@ fn count_tokens_is_an_estimate_that_grows_with_the_text_and_needs_no_max_tokens(
     // 1,200 characters of text are about 300 tokens.
     assert!((300..340).contains(&long), "{long}");
     assert!(
-        count_request_to_chat(
-            br#"{"model":"a/b","messages":[{"role":"user","content":[{"type":"document"}]}]}"#,
+        count_request(
+            br#"{"model":"a/b","messages":[{"role":"robot","content":"x"}]}"#,
             "waygate"
         )
         .is_err()

@@ -1,0 +1,362 @@
+//! The Messages API in, an Anthropic provider out: the client's request
+//! passes as it came, with nothing translated, so what only Anthropic reads
+//! survives (`cache_control`, `thinking` blocks and their signatures,
+//! documents, server tools, betas).
+//!
+//! - [`native_request`]: the client's body with `model` renamed and the
+//!   routing field removed, every other member byte for byte; the client's
+//!   `anthropic-version` (else [`VERSION`]) and `anthropic-beta` go with it.
+//! - [`native_answer`]: the provider's `message` with `model` as the client
+//!   asked, every other member byte for byte, and its usage read.
+//! - [`NativeStream`]: the provider's events as they came, each re-framed
+//!   whole (so a credential the provider echoes is scrubbed per event), its
+//!   usage read, and an `error` event if it ends without `message_stop`.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::{VERSION, WireUsage};
+use crate::config::Provider;
+use crate::errors::{ApiError, ErrorType, Header};
+use crate::json::members::{Members, ObjectWriter};
+use crate::providers::UpstreamRequest;
+use crate::redact::Secret;
+use crate::sse::SseDecoder;
+use crate::usage::Usage;
+
+/// The request headers of the client's that go to an Anthropic provider with
+/// its request: the API version it speaks and the betas it asks for.
+pub const CLIENT_HEADERS: [&str; 2] = ["anthropic-version", "anthropic-beta"];
+
+/// The client's Messages request for an Anthropic provider.
+pub fn native_request(
+    provider: &Provider,
+    client_body: &[u8],
+    client_headers: &[Header],
+    upstream_model: &str,
+    routing_field: &str,
+) -> Result<UpstreamRequest, ApiError> {
+    let unreadable = || {
+        ApiError::new(
+            500,
+            ErrorType::Upstream,
+            "internal_error",
+            "The request could not be read again.",
+        )
+    };
+    let text = std::str::from_utf8(client_body).map_err(|_| unreadable())?;
+    let members = Members::parse_str(text).map_err(|_| unreadable())?;
+    let mut body = Vec::with_capacity(client_body.len().saturating_add(64));
+    let mut w = ObjectWriter::new(&mut body);
+    for (name, value) in &members.0 {
+        if name != "model" && name != routing_field {
+            w.member(name, *value);
+        }
+    }
+    w.string("model", upstream_model);
+    w.finish();
+    let mut headers = vec![("x-api-key".to_string(), provider.credential_text().to_string())];
+    for name in CLIENT_HEADERS {
+        let sent = client_headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+        match (name, sent) {
+            (_, Some(value)) => headers.push((name.to_string(), value)),
+            ("anthropic-version", None) => headers.push((name.to_string(), VERSION.to_string())),
+            _ => {}
+        }
+    }
+    Ok(UpstreamRequest {
+        path: format!("{}/messages", provider.path_prefix),
+        headers,
+        body,
+    })
+}
+
+/// What an answer must hold to be a `message`, and its usage.
+#[derive(Deserialize)]
+struct Answer<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+    #[serde(default)]
+    usage: WireUsage,
+}
+
+fn usage_of(wire: &WireUsage) -> Usage {
+    Usage {
+        prompt_tokens: wire.prompt().unwrap_or(0),
+        completion_tokens: wire.output_tokens.unwrap_or(0),
+    }
+}
+
+/// The provider's `message`, with `model` the client's; `Err` says why it is
+/// not a valid answer.
+pub fn native_answer(body: &[u8], model: &str) -> Result<(Vec<u8>, Usage), String> {
+    let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
+    let answer: Answer<'_> =
+        serde_json::from_str(text).map_err(|e| format!("body is not an Anthropic message: {e}"))?;
+    if answer.kind != "message" {
+        return Err(format!("answer has type '{}', not 'message'", answer.kind));
+    }
+    let members = Members::parse_str(text).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(body.len().saturating_add(32));
+    let mut w = ObjectWriter::new(&mut out);
+    for (name, value) in &members.0 {
+        if name == "model" {
+            w.string("model", model);
+        } else {
+            w.member(name, *value);
+        }
+    }
+    w.finish();
+    Ok((out, usage_of(&answer.usage)))
+}
+
+/// The members of an event the stream reads: its type, and where usage is.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct StartMessage {
+    #[serde(default)]
+    usage: WireUsage,
+}
+
+/// One provider stream passed to a Messages client.
+pub struct NativeStream {
+    decoder: SseDecoder,
+    usage: Option<Usage>,
+    finished: bool,
+    error_code: Option<String>,
+    secret: Option<Secret>,
+}
+
+impl NativeStream {
+    /// `secret`: the provider's credential, scrubbed from every event.
+    pub fn new(secret: Option<Secret>) -> Self {
+        NativeStream {
+            decoder: SseDecoder::default(),
+            usage: None,
+            finished: false,
+            error_code: None,
+            secret: secret.filter(Secret::worth_scrubbing),
+        }
+    }
+
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    pub fn error_code(&self) -> Option<&str> {
+        self.error_code.as_deref()
+    }
+
+    pub fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        let mut rest = chunk;
+        let mut decoder = std::mem::take(&mut self.decoder);
+        loop {
+            match decoder.next(&mut rest) {
+                Ok(Some(event)) => self.on_event(event.data, out),
+                Ok(None) => break,
+                Err(_) => {
+                    self.fail("The provider's stream broke its framing.", out);
+                    break;
+                }
+            }
+        }
+        self.decoder = decoder;
+    }
+
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        if let Ok(Some(last)) = self.decoder.finish().map(|e| e.map(|e| e.data.to_string())) {
+            self.on_event(&last, out);
+        }
+        if !self.finished {
+            self.fail("The provider's stream ended before it was complete.", out);
+        }
+    }
+
+    fn on_event(&mut self, data: &str, out: &mut Vec<u8>) {
+        if self.finished {
+            return;
+        }
+        let Ok(event) = serde_json::from_str::<Event<'_>>(data) else {
+            return self.fail("The provider sent an event that is not valid.", out);
+        };
+        let usage = match event.kind.as_ref() {
+            "message_start" => event
+                .message
+                .and_then(|m| serde_json::from_str::<StartMessage>(m.get()).ok())
+                .map(|m| m.usage),
+            "message_delta" => event
+                .usage
+                .and_then(|u| serde_json::from_str::<WireUsage>(u.get()).ok()),
+            _ => None,
+        };
+        if let Some(wire) = usage {
+            // A delta's counts are cumulative; one without input counts keeps the start's.
+            let mut now = usage_of(&wire);
+            if wire.prompt().is_none() {
+                now.prompt_tokens = self.usage.map_or(0, |u| u.prompt_tokens);
+            }
+            self.usage = Some(now);
+        }
+        let start = out.len();
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(event.kind.as_bytes());
+        out.push(b'\n');
+        for line in data.split('\n') {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(line.as_bytes());
+            out.push(b'\n');
+        }
+        out.push(b'\n');
+        if let Some(secret) = &self.secret {
+            secret.scrub_from(out, start);
+        }
+        match event.kind.as_ref() {
+            "message_stop" => self.finished = true,
+            "error" => {
+                self.finished = true;
+                self.error_code = Some("provider_error".into());
+            }
+            _ => {}
+        }
+    }
+
+    /// The stream cannot go on: Anthropic's `error` event ends it.
+    fn fail(&mut self, message: &str, out: &mut Vec<u8>) {
+        let e = crate::providers::openai::interrupted(message);
+        out.extend_from_slice(b"event: error\n");
+        crate::sse::write_data(out, &crate::inbound::messages::error_body(&e));
+        self.finished = true;
+        self.error_code = Some(e.code);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::tests::chunkings;
+    use serde_json::Value;
+
+    fn provider() -> Provider {
+        let json = br#"{"providers":[{"id":"a","api":"anthropic","cluster":"a","authority":"a","path_prefix":"/v1","api_key":"sk-ant-secret-1"}]}"#;
+        let config = crate::config::Config::parse(json, &|_| None).unwrap();
+        (*config.provider("a").unwrap().clone()).clone()
+    }
+
+    #[test]
+    fn the_clients_request_passes_byte_for_byte_but_for_the_model_and_the_routing_field() {
+        // What only Anthropic reads: cache markers, a signed thinking block, a document, a server tool.
+        let body = br#"{"model":"claude-sonnet-4-5","max_tokens":1024,"system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":"x"}}]},{"role":"assistant","content":[{"type":"thinking","thinking":"Hmm.","signature":"EqQB"}]}],"tools":[{"type":"web_search_20250305","name":"web_search"}],"waygate":{"routing":{"allow_fallbacks":false}}}"#;
+        let headers = vec![(
+            "anthropic-beta".to_string(),
+            "context-management-2025-06-27".to_string(),
+        )];
+        let up = native_request(&provider(), body, &headers, "claude-sonnet-4-5-20250929", "waygate").unwrap();
+        let text = std::str::from_utf8(&up.body).unwrap();
+        assert!(text.starts_with(r#"{"max_tokens":1024,"system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],"messages":"#), "{text}");
+        let sent: Value = serde_json::from_slice(&up.body).unwrap();
+        let asked: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(sent["model"], "claude-sonnet-4-5-20250929");
+        assert_eq!(sent.get("waygate"), None);
+        for field in ["system", "messages", "tools", "max_tokens"] {
+            assert_eq!(sent[field], asked[field], "{field}");
+        }
+        assert_eq!(up.path, "/v1/messages");
+        assert_eq!(
+            up.headers,
+            [
+                ("x-api-key".to_string(), "sk-ant-secret-1".to_string()),
+                ("anthropic-version".to_string(), VERSION.to_string()),
+                (
+                    "anthropic-beta".to_string(),
+                    "context-management-2025-06-27".to_string()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_answer_keeps_every_member_and_names_the_clients_model() {
+        let body = include_bytes!("../../../tests/fixtures/anthropic/message.json");
+        let (out, usage) = native_answer(body, "claude-sonnet-4-5").unwrap();
+        let (mut got, mut want): (Value, Value) = (
+            serde_json::from_slice(&out).unwrap(),
+            serde_json::from_slice(body).unwrap(),
+        );
+        assert_eq!(got["model"], "claude-sonnet-4-5");
+        got["model"] = Value::Null;
+        want["model"] = Value::Null;
+        assert_eq!(got, want);
+        let u = &want["usage"];
+        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+        assert_eq!(
+            usage.prompt_tokens,
+            n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens")
+        );
+        assert_eq!(usage.completion_tokens, n("output_tokens"));
+        assert!(native_answer(br#"{"type":"error","error":{}}"#, "m").is_err());
+    }
+
+    fn replay(chunks: &[&[u8]]) -> (Vec<u8>, Option<Usage>, Option<String>) {
+        let mut stream = NativeStream::new(provider().credential.clone());
+        let mut out = Vec::new();
+        for chunk in chunks {
+            stream.push(chunk, &mut out);
+        }
+        stream.finish(&mut out);
+        (out, stream.usage(), stream.error_code().map(str::to_string))
+    }
+
+    #[test]
+    fn a_recorded_stream_passes_event_for_event_under_every_chunking() {
+        for input in [
+            &include_bytes!("../../../tests/fixtures/anthropic/message_stream.sse")[..],
+            &include_bytes!("../../../tests/fixtures/anthropic/message_stream_tool_use.sse")[..],
+        ] {
+            let whole = replay(&[input]);
+            for chunks in chunkings(input) {
+                assert_eq!(replay(&chunks), whole);
+            }
+            let (out, usage, error) = whole;
+            // The same events, each with its data as it came.
+            let datas = |bytes: &[u8]| -> Vec<String> {
+                String::from_utf8_lossy(bytes)
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .map(str::to_string)
+                    .collect()
+            };
+            assert_eq!(datas(&out), datas(input));
+            assert!(usage.is_some_and(|u| u.completion_tokens > 0), "{usage:?}");
+            assert_eq!(error, None);
+        }
+    }
+
+    #[test]
+    fn a_cut_or_echoing_stream_is_said_so_and_scrubbed() {
+        let cut = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3}}}\n\n";
+        let (out, usage, error) = replay(&[cut]);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.ends_with("event: error\ndata: {\"error\":{\"message\":\"The provider's stream ended before it was complete. (stream_interrupted)\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n"), "{text}");
+        assert_eq!(
+            (usage.unwrap().prompt_tokens, error.as_deref()),
+            (3, Some("stream_interrupted"))
+        );
+        let echo = b"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"key sk-ant-secret-1\"}}\n\ndata: {\"type\":\"message_stop\"}\n\n";
+        let (out, _, error) = replay(&[echo]);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            !text.contains("sk-ant-secret-1") && text.contains(crate::redact::REDACTED),
+            "{text}"
+        );
+        assert_eq!(error, None);
+    }
+}

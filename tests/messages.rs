@@ -1,0 +1,142 @@
+//! `POST /messages` through the compiled filter: an Anthropic provider gets the client's
+//! request as it came (what only Anthropic reads survives), other providers get it
+//! translated, a failed Anthropic provider falls back to an OpenAI-compatible one
+//! (streamed and not, in the run's fallback shape), and errors are in Anthropic's envelope.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use common::{DEV_KEY, Gateway, Response, chain_config};
+use serde_json::{Value, json};
+
+fn messages(gw: &Gateway, body: &str, extra: &[(&str, &str)]) -> Response {
+    let mut headers = vec![("x-api-key", DEV_KEY), ("content-type", "application/json")];
+    headers.extend_from_slice(extra);
+    gw.send("POST", "/api/v1/messages?beta=true", &headers, body.as_bytes())
+}
+
+/// What only Anthropic reads: cache markers, a signed thinking block, a document.
+const CLAUDE_TURN: &str = r#"{"model":"fakeanthropic/echo","max_tokens":1024,"system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":"notes"}},{"type":"text","text":"Summarise."}]},{"role":"assistant","content":[{"type":"thinking","thinking":"Short notes.","signature":"EqQBCkgIARABGAIiQL"},{"type":"text","text":"Notes."}]},{"role":"user","content":"Again, shorter.","cache_control":null}],"thinking":{"type":"enabled","budget_tokens":1024},"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]}}"#;
+
+#[test]
+fn an_anthropic_provider_gets_the_clients_request_as_it_came() {
+    let gw = Gateway::start();
+    let r = messages(&gw, CLAUDE_TURN, &[("anthropic-beta", "context-management-2025-06-27")]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-provider"), Some("fakeanthropic"));
+    let answer = r.json();
+    assert_eq!(answer["model"], "fakeanthropic/echo");
+    let got = gw.fakes.received();
+    assert_eq!(got.len(), 1);
+    let sent = std::str::from_utf8(&got[0].body).unwrap();
+    // Every member but the model, byte for byte, in the client's order.
+    let expected = CLAUDE_TURN.replace(r#""model":"fakeanthropic/echo","#, "");
+    assert_eq!(
+        sent,
+        format!("{}{}", &expected[..expected.len() - 1], r#","model":"echo"}"#)
+    );
+    assert_eq!(got[0].header("anthropic-beta"), Some("context-management-2025-06-27"));
+    assert_eq!(got[0].header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(got[0].header("x-api-key"), Some(waygate_fakes::ANTHROPIC_KEY));
+    // Its usage counts as the access log says.
+    let usage = &answer["usage"];
+    let logged = format!(
+        "model=fakeanthropic/echo provider=fakeanthropic attempts=fakeanthropic:200 status=200 prompt_tokens={} completion_tokens={}",
+        usage["input_tokens"].as_u64().unwrap()
+            + usage["cache_creation_input_tokens"].as_u64().unwrap_or(0)
+            + usage["cache_read_input_tokens"].as_u64().unwrap_or(0),
+        usage["output_tokens"]
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    assert!(gw.logs().contains(&logged), "{logged}\n{}", gw.logs());
+}
+
+#[test]
+fn an_anthropic_stream_passes_event_for_event() {
+    let gw = Gateway::start();
+    let body = json!({"model": "fakeanthropic/long-4", "max_tokens": 100, "stream": true,
+        "messages": [{"role": "user", "content": "count"}]});
+    let r = messages(&gw, &body.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let text = r.text();
+    let types: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(types.first(), Some(&"message_start"));
+    assert_eq!(types.last(), Some(&"message_stop"));
+    let deltas: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter(|e| e["delta"]["type"] == "text_delta")
+        .map(|e| e["delta"]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(deltas, "word1 word2 word3 word4");
+}
+
+#[test]
+fn a_failed_anthropic_provider_falls_back_to_an_openai_one_translated() {
+    let gw = Gateway::with_config(&chain_config(&[("fakeanthropic", "status-529"), ("fake", "long-3")]));
+    let body = json!({"model": "chain/x", "max_tokens": 100, "messages": [{"role": "user", "content": "count"}]});
+    let r = messages(&gw, &body.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:529,fake:200"));
+    let v = r.json();
+    assert_eq!(
+        (v["type"].as_str(), v["model"].as_str()),
+        (Some("message"), Some("chain/x"))
+    );
+    assert_eq!(v["content"], json!([{"type": "text", "text": "word1 word2 word3"}]));
+    let got = gw.fakes.received();
+    assert_eq!(got[1].path_only(), "/v1/chat/completions");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    let r = messages(&gw, &streamed.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:529,fake:200"));
+    let text = r.text();
+    assert!(text.starts_with("event: message_start\n"), "{text}");
+    assert!(
+        text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn errors_are_in_anthropics_envelope_before_any_provider_is_asked() {
+    let gw = Gateway::start();
+    let error = |r: &Response, status: u16, kind: &str| {
+        assert_eq!(r.status, status, "{}", r.text());
+        let v = r.json();
+        assert_eq!(
+            (v["type"].as_str(), v["error"]["type"].as_str()),
+            (Some("error"), Some(kind)),
+            "{v}"
+        );
+        v["error"]["message"].as_str().unwrap().to_string()
+    };
+    let r = gw.send(
+        "POST",
+        "/api/v1/messages",
+        &[("x-api-key", "wrong"), ("content-type", "application/json")],
+        b"{}",
+    );
+    error(&r, 401, "authentication_error");
+    let r = messages(
+        &gw,
+        r#"{"model":"atlantis/x","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+        &[],
+    );
+    error(&r, 404, "not_found_error");
+    let r = messages(
+        &gw,
+        r#"{"model":"fake/ok","max_tokens":5,"messages":[{"role":"user","content":[{"type":"document","source":{}}]}]}"#,
+        &[],
+    );
+    let message = error(&r, 400, "invalid_request_error");
+    assert!(message.contains("messages.0.content.0.type"), "{message}");
+    let r = messages(&gw, r#"{"model":"fake/ok","messages":[]}"#, &[]);
+    assert!(error(&r, 400, "invalid_request_error").contains("max_tokens"));
+    assert!(gw.fakes.received().is_empty());
+}

@@ -17,8 +17,11 @@
 //! endpoints and pass through untouched, so the other APIs cost chat nothing.
 //! Each API answers errors in its own envelope ([`ClientApi::error_body`]).
 
+mod chat_stream;
 pub mod messages;
 pub mod responses;
+
+use serde_json::{Map, Value};
 
 use crate::answer::Stamp;
 use crate::config::{Api, Provider};
@@ -28,8 +31,30 @@ use crate::providers::anthropic::{self, NativeStream};
 use crate::request::Operation;
 use crate::stream::StreamRewriter;
 use crate::usage::Usage;
+use chat_stream::ChatStreamWriter;
 use messages::stream::MessagesStream;
 use responses::stream::ResponsesStream;
+
+/// A client's body as a JSON object, or the 400 that says why it is not one.
+fn read_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| invalid_json("Request body is not valid UTF-8."))?;
+    match crate::json::dom::parse(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(crate::request::wrong_type("body", "a JSON object")),
+        Err(e) => Err(invalid_json(&format!("Request body is not valid JSON: {e}."))),
+    }
+}
+
+fn invalid_json(message: &str) -> ApiError {
+    let mut e = ApiError::bad_request("invalid_json", "body", message);
+    e.param = None;
+    e
+}
+
+/// A rewritten request's body, written.
+fn chat_body(chat: Map<String, Value>) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(&Value::Object(chat)).map_err(|_| invalid_json("The body could not be written."))
+}
 
 /// The API a client called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,9 +137,9 @@ impl Client {
         let way = match self {
             Client::Internal => Way::Internal(chat),
             Client::Responses(echo) => {
-                Way::Responses(chat, Box::new(ResponsesStream::new(echo.clone(), stamp.clone())))
+                Way::Rewritten(chat, Box::new(ResponsesStream::new(echo.clone(), stamp.clone())))
             }
-            Client::Messages(_) => Way::Messages(chat, Box::new(MessagesStream::new(stamp.clone()))),
+            Client::Messages(_) => Way::Rewritten(chat, Box::new(MessagesStream::new(stamp.clone()))),
         };
         ClientStream {
             way,
@@ -163,8 +188,7 @@ pub struct ClientStream {
 /// own API.
 enum Way {
     Internal(StreamRewriter),
-    Responses(StreamRewriter, Box<ResponsesStream>),
-    Messages(StreamRewriter, Box<MessagesStream>),
+    Rewritten(StreamRewriter, Box<dyn ChatStreamWriter>),
     Native(Box<NativeStream>),
 }
 
@@ -183,11 +207,7 @@ impl ClientStream {
         match &mut self.way {
             Way::Internal(chat) => chat.push(chunk, out),
             Way::Native(native) => native.push(chunk, out),
-            Way::Responses(chat, stream) => {
-                chat.push(chunk, &mut self.internal);
-                stream.push(&self.internal, out);
-            }
-            Way::Messages(chat, stream) => {
+            Way::Rewritten(chat, stream) => {
                 chat.push(chunk, &mut self.internal);
                 stream.push(&self.internal, out);
             }
@@ -200,12 +220,7 @@ impl ClientStream {
         match &mut self.way {
             Way::Internal(chat) => chat.finish(out),
             Way::Native(native) => native.finish(out),
-            Way::Responses(chat, stream) => {
-                chat.finish(&mut self.internal);
-                stream.push(&self.internal, out);
-                stream.finish(out);
-            }
-            Way::Messages(chat, stream) => {
+            Way::Rewritten(chat, stream) => {
                 chat.finish(&mut self.internal);
                 stream.push(&self.internal, out);
                 stream.finish(out);
@@ -216,7 +231,7 @@ impl ClientStream {
     /// Usage seen so far (for the access log and limits).
     pub fn usage(&self) -> Option<Usage> {
         match &self.way {
-            Way::Internal(chat) | Way::Responses(chat, _) | Way::Messages(chat, _) => chat.usage(),
+            Way::Internal(chat) | Way::Rewritten(chat, _) => chat.usage(),
             Way::Native(native) => native.usage(),
         }
     }
@@ -224,8 +239,73 @@ impl ClientStream {
     /// The `code` of the error the stream ended with, if it did.
     pub fn error_code(&self) -> Option<&str> {
         match &self.way {
-            Way::Internal(chat) | Way::Responses(chat, _) | Way::Messages(chat, _) => chat.error_code(),
+            Way::Internal(chat) | Way::Rewritten(chat, _) => chat.error_code(),
             Way::Native(native) => native.error_code(),
         }
     }
+}
+
+/// Each provider API's recorded streams (`tests/fixtures/`), which the
+/// inbound APIs' tests replay through the whole way.
+#[cfg(test)]
+pub(crate) mod recorded {
+    use serde_json::Value;
+
+    use crate::config::Api;
+    use crate::sse::tests::chunkings;
+
+    /// The way from a provider's stream to the client's, run over chunks.
+    pub type Replay<'a> = &'a dyn Fn(&[&[u8]]) -> Vec<u8>;
+
+    /// The client's stream for `input` whole, byte by byte and split in two
+    /// everywhere, which must all be the same; its events, each `event:`
+    /// name checked to be its data's `type`.
+    pub fn replay_every_chunking(input: &[u8], replay: Replay<'_>) -> Vec<Value> {
+        let whole = replay(&[input]);
+        for chunks in chunkings(input) {
+            assert_eq!(replay(&chunks), whole);
+        }
+        std::str::from_utf8(&whole)
+            .unwrap()
+            .split_terminator("\n\n")
+            .map(|event| {
+                let (name, data) = event.split_once('\n').unwrap();
+                let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+                assert_eq!(Some(name.strip_prefix("event: ").unwrap()), data["type"].as_str());
+                data
+            })
+            .collect()
+    }
+
+    /// A text answer in each provider API.
+    pub const TEXT_STREAMS: [(Api, &[u8]); 3] = [
+        (
+            Api::Openai,
+            include_bytes!("../../tests/fixtures/openai/chat_completion_stream.sse"),
+        ),
+        (
+            Api::Anthropic,
+            include_bytes!("../../tests/fixtures/anthropic/message_stream.sse"),
+        ),
+        (
+            Api::Gemini,
+            include_bytes!("../../tests/fixtures/gemini/stream_generate_content.sse"),
+        ),
+    ];
+
+    /// Two parallel tool calls in each provider API.
+    pub const TOOL_STREAMS: [(Api, &[u8]); 3] = [
+        (
+            Api::Openai,
+            include_bytes!("../../tests/fixtures/openai/chat_completion_stream_parallel_tool_calls.sse"),
+        ),
+        (
+            Api::Anthropic,
+            include_bytes!("../../tests/fixtures/anthropic/message_stream_parallel_tool_use.sse"),
+        ),
+        (
+            Api::Gemini,
+            include_bytes!("../../tests/fixtures/gemini/stream_generate_content_parallel_function_calls.sse"),
+        ),
+    ];
 }

@@ -22,6 +22,7 @@ pub mod stream;
 
 use serde_json::{Map, Value, json};
 
+use super::{chat_body, read_object};
 use crate::answer::Stamp;
 use crate::errors::{ApiError, ErrorType, Header};
 use crate::request::{bad_value, missing, wrong_type};
@@ -74,8 +75,7 @@ pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Asked), Api
                 }
             }
             chat.insert("messages".into(), json!([{"role": "user", "content": ""}]));
-            let chat =
-                serde_json::to_vec(&Value::Object(chat)).map_err(|_| invalid_json("The body could not be read."))?;
+            let chat = chat_body(chat)?;
             let asked = Asked {
                 untranslatable: Some(e),
                 ..Asked::default()
@@ -93,19 +93,9 @@ pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Asked), Api
 pub fn count_request(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Value), ApiError> {
     let mut request = read_object(body)?;
     request.entry("max_tokens").or_insert_with(|| 1.into());
-    let with_max =
-        serde_json::to_vec(&Value::Object(request.clone())).map_err(|_| invalid_json("The body could not be read."))?;
+    let with_max = chat_body(request.clone())?;
     let (chat, _) = to_chat(&with_max, routing_field)?;
     Ok((chat, count_tokens(&request)))
-}
-
-fn read_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let text = std::str::from_utf8(body).map_err(|_| invalid_json("Request body is not valid UTF-8."))?;
-    match crate::json::dom::parse(text) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(wrong_type("body", "a JSON object")),
-        Err(e) => Err(invalid_json(&format!("Request body is not valid JSON: {e}."))),
-    }
 }
 
 fn translate(request: &Map<String, Value>, routing_field: &str) -> Result<(Vec<u8>, Asked), ApiError> {
@@ -196,14 +186,8 @@ fn translate(request: &Map<String, Value>, routing_field: &str) -> Result<(Vec<u
     if stream {
         chat.insert("stream_options".into(), json!({"include_usage": true}));
     }
-    let body = serde_json::to_vec(&Value::Object(chat)).map_err(|_| invalid_json("The body could not be read."))?;
+    let body = chat_body(chat)?;
     Ok((body, asked))
-}
-
-fn invalid_json(message: &str) -> ApiError {
-    let mut e = ApiError::bad_request("invalid_json", "body", message);
-    e.param = None;
-    e
 }
 
 fn not_served(param: &str, why: &str) -> ApiError {

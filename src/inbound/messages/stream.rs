@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::{stop_reason, usage};
 use crate::answer::Stamp;
+use crate::inbound::chat_stream::ChatStreamWriter;
 use crate::sse::SseDecoder;
 
 /// The content block being written.
@@ -53,80 +54,26 @@ impl MessagesStream {
         }
     }
 
-    /// Rewrites a piece of the chat stream into `out`.
-    pub fn push(&mut self, chat: &[u8], out: &mut Vec<u8>) {
-        let mut rest = chat;
-        let mut decoder = std::mem::take(&mut self.decoder);
-        while let Ok(Some(event)) = decoder.next(&mut rest) {
-            self.on_chat_event(event.data, out);
+    fn close_block(&mut self, out: &mut Vec<u8>) {
+        if matches!(std::mem::replace(&mut self.open, Open::None), Open::None) {
+            return;
         }
-        self.decoder = decoder;
+        emit(
+            out,
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": self.blocks}),
+        );
+        self.blocks = self.blocks.saturating_add(1);
+    }
+}
+
+impl ChatStreamWriter for MessagesStream {
+    fn decoder(&mut self) -> &mut SseDecoder {
+        &mut self.decoder
     }
 
-    /// The chat stream is over; anything but its own end is said as a cut.
-    pub fn finish(&mut self, out: &mut Vec<u8>) {
-        if let Ok(Some(event)) = self.decoder.finish().map(|e| e.map(|e| e.data.to_string())) {
-            self.on_chat_event(&event, out);
-        }
-        if !self.finished {
-            self.fail("api_error", "The provider's stream ended before it was complete.", out);
-        }
-    }
-
-    fn on_chat_event(&mut self, data: &str, out: &mut Vec<u8>) {
-        if self.finished {
-            return;
-        }
-        self.start(out);
-        if data == "[DONE]" {
-            self.close_block(out);
-            let stop_reason = stop_reason(self.finish_reason.as_deref());
-            let delta = json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null},
-                "usage": usage(self.usage.as_ref())});
-            emit(out, "message_delta", &delta);
-            emit(out, "message_stop", &json!({"type": "message_stop"}));
-            self.finished = true;
-            return;
-        }
-        let Ok(chunk) = crate::json::dom::parse(data) else {
-            return;
-        };
-        if let Some(error) = chunk.get("error") {
-            let kind = match error.get("type").and_then(Value::as_str) {
-                Some("rate_limit_error") => "rate_limit_error",
-                _ => "api_error",
-            };
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("The provider failed.");
-            self.fail(kind, message, out);
-            return;
-        }
-        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(u.clone());
-        }
-        let choices = chunk.get("choices").and_then(Value::as_array).map(Vec::as_slice);
-        let Some(choice) = choices
-            .unwrap_or_default()
-            .iter()
-            .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
-        else {
-            return;
-        };
-        if let Some(delta) = choice.get("delta") {
-            if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
-                self.text_delta(text, out);
-            }
-            let calls = delta.get("tool_calls").and_then(Value::as_array).map(Vec::as_slice);
-            for call in calls.unwrap_or_default() {
-                self.call_delta(call, out);
-            }
-        }
-        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish_reason = Some(reason.to_string());
-            self.close_block(out);
-        }
+    fn finished(&self) -> bool {
+        self.finished
     }
 
     fn start(&mut self, out: &mut Vec<u8>) {
@@ -141,7 +88,7 @@ impl MessagesStream {
         emit(out, "ping", &json!({"type": "ping"}));
     }
 
-    fn text_delta(&mut self, text: &str, out: &mut Vec<u8>) {
+    fn text(&mut self, text: &str, out: &mut Vec<u8>) {
         if !matches!(self.open, Open::Text) {
             self.close_block(out);
             let start = json!({"type": "content_block_start", "index": self.blocks, "content_block": {"type": "text", "text": ""}});
@@ -153,7 +100,7 @@ impl MessagesStream {
         emit(out, "content_block_delta", &delta);
     }
 
-    fn call_delta(&mut self, call: &Value, out: &mut Vec<u8>) {
+    fn tool_call(&mut self, call: &Value, out: &mut Vec<u8>) {
         let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
         let text = |pointer: &str| call.pointer(pointer).and_then(Value::as_str).unwrap_or_default();
         let same = matches!(self.open, Open::Tool { index: open } if open == index);
@@ -172,20 +119,37 @@ impl MessagesStream {
         }
     }
 
-    fn close_block(&mut self, out: &mut Vec<u8>) {
-        if matches!(std::mem::replace(&mut self.open, Open::None), Open::None) {
-            return;
-        }
-        emit(
-            out,
-            "content_block_stop",
-            &json!({"type": "content_block_stop", "index": self.blocks}),
-        );
-        self.blocks = self.blocks.saturating_add(1);
+    fn finish_reason(&mut self, reason: &str, out: &mut Vec<u8>) {
+        self.finish_reason = Some(reason.to_string());
+        self.close_block(out);
     }
 
-    fn fail(&mut self, kind: &str, message: &str, out: &mut Vec<u8>) {
-        self.start(out);
+    fn usage(&mut self, usage: &Value) {
+        self.usage = Some(usage.clone());
+    }
+
+    fn done(&mut self, out: &mut Vec<u8>) {
+        self.close_block(out);
+        let stop_reason = stop_reason(self.finish_reason.as_deref());
+        let delta = json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null},
+            "usage": usage(self.usage.as_ref())});
+        emit(out, "message_delta", &delta);
+        emit(out, "message_stop", &json!({"type": "message_stop"}));
+        self.finished = true;
+    }
+
+    fn failed(&mut self, error: Option<&Value>, out: &mut Vec<u8>) {
+        let kind = match error.and_then(|e| e.get("type")).and_then(Value::as_str) {
+            Some("rate_limit_error") => "rate_limit_error",
+            _ => "api_error",
+        };
+        let message = match error {
+            Some(e) => e
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("The provider failed."),
+            None => "The provider's stream ended before it was complete.",
+        };
         emit(
             out,
             "error",

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use super::*;
 use crate::config::Api;
 use crate::inbound::Client;
+use crate::inbound::recorded::{self, TEXT_STREAMS, TOOL_STREAMS};
 use crate::request::{Operation, parse};
-use crate::sse::tests::chunkings;
 use crate::stream::StreamRewriter;
 
 fn chat_of(request: &[u8]) -> Result<Value, ApiError> {
@@ -262,41 +262,13 @@ fn replay(api: Api, chunks: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-/// The events of every chunking (all the same), checked: each `event:` name
-/// is its data's `type`.
 fn replay_every_chunking(api: Api, input: &[u8]) -> Vec<Value> {
-    let whole = replay(api, &[input]);
-    for chunks in chunkings(input) {
-        assert_eq!(replay(api, &chunks), whole);
-    }
-    std::str::from_utf8(&whole)
-        .unwrap()
-        .split_terminator("\n\n")
-        .map(|event| {
-            let (name, data) = event.split_once('\n').unwrap();
-            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
-            assert_eq!(Some(name.strip_prefix("event: ").unwrap()), data["type"].as_str());
-            data
-        })
-        .collect()
+    recorded::replay_every_chunking(input, &|chunks| replay(api, chunks))
 }
 
 #[test]
 fn each_providers_recorded_streams_are_anthropics_event_sequence() {
-    for (api, input) in [
-        (
-            Api::Openai,
-            &include_bytes!("../../../tests/fixtures/openai/chat_completion_stream.sse")[..],
-        ),
-        (
-            Api::Anthropic,
-            &include_bytes!("../../../tests/fixtures/anthropic/message_stream.sse")[..],
-        ),
-        (
-            Api::Gemini,
-            &include_bytes!("../../../tests/fixtures/gemini/stream_generate_content.sse")[..],
-        ),
-    ] {
+    for (api, input) in TEXT_STREAMS {
         let events = replay_every_chunking(api, input);
         let mut shape: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
         shape.dedup();
@@ -317,20 +289,7 @@ fn each_providers_recorded_streams_are_anthropics_event_sequence() {
         let delta = &events[events.len() - 2];
         assert_eq!(delta["delta"]["stop_reason"], "end_turn", "{api:?}");
     }
-    for (api, input) in [
-        (
-            Api::Openai,
-            &include_bytes!("../../../tests/fixtures/openai/chat_completion_stream_parallel_tool_calls.sse")[..],
-        ),
-        (
-            Api::Anthropic,
-            &include_bytes!("../../../tests/fixtures/anthropic/message_stream_parallel_tool_use.sse")[..],
-        ),
-        (
-            Api::Gemini,
-            &include_bytes!("../../../tests/fixtures/gemini/stream_generate_content_parallel_function_calls.sse")[..],
-        ),
-    ] {
+    for (api, input) in TOOL_STREAMS {
         let events = replay_every_chunking(api, input);
         let starts: Vec<&Value> = events
             .iter()

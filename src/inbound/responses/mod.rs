@@ -22,6 +22,7 @@ pub mod stream;
 
 use serde_json::{Map, Value, json};
 
+use super::{chat_body, read_object};
 use crate::answer::Stamp;
 use crate::errors::ApiError;
 use crate::request::{bad_value, missing, wrong_type};
@@ -144,23 +145,8 @@ pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Echo), ApiE
         // The usage chunk ends the internal stream: `response.completed` carries it.
         chat.insert("stream_options".into(), json!({"include_usage": true}));
     }
-    let body = serde_json::to_vec(&Value::Object(chat)).map_err(|_| invalid_json("The body could not be read."))?;
+    let body = chat_body(chat)?;
     Ok((body, echo))
-}
-
-fn read_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let text = std::str::from_utf8(body).map_err(|_| invalid_json("Request body is not valid UTF-8."))?;
-    match crate::json::dom::parse(text) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(wrong_type("body", "a JSON object")),
-        Err(e) => Err(invalid_json(&format!("Request body is not valid JSON: {e}."))),
-    }
-}
-
-fn invalid_json(message: &str) -> ApiError {
-    let mut e = ApiError::bad_request("invalid_json", "body", message);
-    e.param = None;
-    e
 }
 
 /// 400 for what the internal form cannot carry, before a provider is asked.

@@ -22,6 +22,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Echo, ending, item_id, message_item, output_text, usage};
 use crate::answer::Stamp;
+use crate::inbound::chat_stream::ChatStreamWriter;
 use crate::sse::SseDecoder;
 
 /// The message item being written.
@@ -72,162 +73,6 @@ impl ResponsesStream {
             finish_reason: None,
             usage: None,
         }
-    }
-
-    /// Rewrites a piece of the chat stream into `out`.
-    pub fn push(&mut self, chat: &[u8], out: &mut Vec<u8>) {
-        let mut rest = chat;
-        let mut decoder = std::mem::take(&mut self.decoder);
-        while let Ok(Some(event)) = decoder.next(&mut rest) {
-            self.on_chat_event(event.data, out);
-        }
-        self.decoder = decoder;
-    }
-
-    /// The chat stream is over: it always ends with `[DONE]` or its error
-    /// event, so anything else is a cut stream, said as one.
-    pub fn finish(&mut self, out: &mut Vec<u8>) {
-        if let Ok(Some(event)) = self.decoder.finish().map(|e| e.map(|e| e.data.to_string())) {
-            self.on_chat_event(&event, out);
-        }
-        if !self.finished {
-            let error = json!({"code": crate::providers::openai::STREAM_INTERRUPTED,
-                "message": "The provider's stream ended before it was complete."});
-            self.fail(&error, out);
-        }
-    }
-
-    fn on_chat_event(&mut self, data: &str, out: &mut Vec<u8>) {
-        if self.finished {
-            return;
-        }
-        self.start(out);
-        if data == "[DONE]" {
-            self.complete(out);
-            return;
-        }
-        let Ok(chunk) = crate::json::dom::parse(data) else {
-            return;
-        };
-        if let Some(error) = chunk.get("error") {
-            self.fail(error, out);
-            return;
-        }
-        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(u.clone());
-        }
-        let choices = chunk.get("choices").and_then(Value::as_array).map(Vec::as_slice);
-        let Some(choice) = choices
-            .unwrap_or_default()
-            .iter()
-            .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
-        else {
-            return;
-        };
-        if let Some(delta) = choice.get("delta") {
-            for key in ["content", "refusal"] {
-                if let Some(text) = delta.get(key).and_then(Value::as_str).filter(|t| !t.is_empty()) {
-                    self.text_delta(text, out);
-                }
-            }
-            let calls = delta.get("tool_calls").and_then(Value::as_array).map(Vec::as_slice);
-            for call in calls.unwrap_or_default() {
-                self.call_delta(call, out);
-            }
-        }
-        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish_reason = Some(reason.to_string());
-            self.close_items(out);
-        }
-    }
-
-    /// `response.created` and `response.in_progress`, once.
-    fn start(&mut self, out: &mut Vec<u8>) {
-        if self.started {
-            return;
-        }
-        self.started = true;
-        let response = self.echo.response(&self.stamp, "in_progress", Vec::new(), Value::Null);
-        for kind in ["response.created", "response.in_progress"] {
-            self.emit(kind, [("response", Value::Object(response.clone()))], out);
-        }
-    }
-
-    fn text_delta(&mut self, text: &str, out: &mut Vec<u8>) {
-        if self.message.is_none() {
-            let output_index = self.reserve();
-            let id = item_id(&self.stamp, "msg_", output_index);
-            let item =
-                json!({"id": id, "type": "message", "status": "in_progress", "role": "assistant", "content": []});
-            self.emit(
-                "response.output_item.added",
-                [("output_index", output_index.into()), ("item", item)],
-                out,
-            );
-            let part = [
-                ("item_id", Value::String(id.clone())),
-                ("output_index", output_index.into()),
-                ("content_index", 0.into()),
-                ("part", output_text("")),
-            ];
-            self.emit("response.content_part.added", part, out);
-            self.message = Some(OpenMessage {
-                output_index,
-                id,
-                text: String::new(),
-            });
-        }
-        let Some(message) = self.message.as_mut() else {
-            return;
-        };
-        message.text.push_str(text);
-        let fields = [
-            ("item_id", Value::String(message.id.clone())),
-            ("output_index", message.output_index.into()),
-            ("content_index", 0.into()),
-            ("delta", text.into()),
-            ("logprobs", json!([])),
-        ];
-        self.emit("response.output_text.delta", fields, out);
-    }
-
-    fn call_delta(&mut self, call: &Value, out: &mut Vec<u8>) {
-        let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-        let text = |pointer: &str| call.pointer(pointer).and_then(Value::as_str).unwrap_or_default();
-        if !self.calls.iter().any(|c| c.index == index) {
-            // Chat writes a turn's text before its tool calls.
-            self.close_message(out);
-            let output_index = self.reserve();
-            let open = OpenCall {
-                index,
-                output_index,
-                id: item_id(&self.stamp, "fc_", output_index),
-                call_id: text("/id").to_string(),
-                name: text("/function/name").to_string(),
-                arguments: String::new(),
-            };
-            let item = (self.echo).function_call_item(open.id.clone(), &open.call_id, &open.name, "", "in_progress");
-            self.emit(
-                "response.output_item.added",
-                [("output_index", output_index.into()), ("item", item)],
-                out,
-            );
-            self.calls.push(open);
-        }
-        let arguments = text("/function/arguments");
-        let Some(open) = self.calls.iter_mut().find(|c| c.index == index) else {
-            return;
-        };
-        if arguments.is_empty() {
-            return;
-        }
-        open.arguments.push_str(arguments);
-        let fields = [
-            ("item_id", Value::String(open.id.clone())),
-            ("output_index", open.output_index.into()),
-            ("delta", arguments.into()),
-        ];
-        self.emit("response.function_call_arguments.delta", fields, out);
     }
 
     /// The next output index, held until its item is done.
@@ -287,8 +132,131 @@ impl ResponsesStream {
         }
     }
 
+    /// One event: `event: <type>` and its data, with `type` and `sequence_number`.
+    fn emit(&mut self, kind: &str, fields: impl IntoIterator<Item = (&'static str, Value)>, out: &mut Vec<u8>) {
+        let mut event = Map::new();
+        event.insert("type".into(), kind.into());
+        for (name, value) in fields {
+            event.insert(name.into(), value);
+        }
+        event.insert("sequence_number".into(), self.sequence.into());
+        self.sequence = self.sequence.saturating_add(1);
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\n");
+        crate::sse::write_data(out, &serde_json::to_vec(&Value::Object(event)).unwrap_or_default());
+    }
+}
+
+impl ChatStreamWriter for ResponsesStream {
+    fn decoder(&mut self) -> &mut SseDecoder {
+        &mut self.decoder
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// `response.created` and `response.in_progress`, once.
+    fn start(&mut self, out: &mut Vec<u8>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let response = self.echo.response(&self.stamp, "in_progress", Vec::new(), Value::Null);
+        for kind in ["response.created", "response.in_progress"] {
+            self.emit(kind, [("response", Value::Object(response.clone()))], out);
+        }
+    }
+
+    fn text(&mut self, text: &str, out: &mut Vec<u8>) {
+        if self.message.is_none() {
+            let output_index = self.reserve();
+            let id = item_id(&self.stamp, "msg_", output_index);
+            let item =
+                json!({"id": id, "type": "message", "status": "in_progress", "role": "assistant", "content": []});
+            self.emit(
+                "response.output_item.added",
+                [("output_index", output_index.into()), ("item", item)],
+                out,
+            );
+            let part = [
+                ("item_id", Value::String(id.clone())),
+                ("output_index", output_index.into()),
+                ("content_index", 0.into()),
+                ("part", output_text("")),
+            ];
+            self.emit("response.content_part.added", part, out);
+            self.message = Some(OpenMessage {
+                output_index,
+                id,
+                text: String::new(),
+            });
+        }
+        let Some(message) = self.message.as_mut() else {
+            return;
+        };
+        message.text.push_str(text);
+        let fields = [
+            ("item_id", Value::String(message.id.clone())),
+            ("output_index", message.output_index.into()),
+            ("content_index", 0.into()),
+            ("delta", text.into()),
+            ("logprobs", json!([])),
+        ];
+        self.emit("response.output_text.delta", fields, out);
+    }
+
+    fn tool_call(&mut self, call: &Value, out: &mut Vec<u8>) {
+        let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let text = |pointer: &str| call.pointer(pointer).and_then(Value::as_str).unwrap_or_default();
+        if !self.calls.iter().any(|c| c.index == index) {
+            // Chat writes a turn's text before its tool calls.
+            self.close_message(out);
+            let output_index = self.reserve();
+            let open = OpenCall {
+                index,
+                output_index,
+                id: item_id(&self.stamp, "fc_", output_index),
+                call_id: text("/id").to_string(),
+                name: text("/function/name").to_string(),
+                arguments: String::new(),
+            };
+            let item = (self.echo).function_call_item(open.id.clone(), &open.call_id, &open.name, "", "in_progress");
+            self.emit(
+                "response.output_item.added",
+                [("output_index", output_index.into()), ("item", item)],
+                out,
+            );
+            self.calls.push(open);
+        }
+        let arguments = text("/function/arguments");
+        let Some(open) = self.calls.iter_mut().find(|c| c.index == index) else {
+            return;
+        };
+        if arguments.is_empty() {
+            return;
+        }
+        open.arguments.push_str(arguments);
+        let fields = [
+            ("item_id", Value::String(open.id.clone())),
+            ("output_index", open.output_index.into()),
+            ("delta", arguments.into()),
+        ];
+        self.emit("response.function_call_arguments.delta", fields, out);
+    }
+
+    fn finish_reason(&mut self, reason: &str, out: &mut Vec<u8>) {
+        self.finish_reason = Some(reason.to_string());
+        self.close_items(out);
+    }
+
+    fn usage(&mut self, usage: &Value) {
+        self.usage = Some(usage.clone());
+    }
+
     /// `[DONE]`: the whole response, with its usage.
-    fn complete(&mut self, out: &mut Vec<u8>) {
+    fn done(&mut self, out: &mut Vec<u8>) {
         self.close_items(out);
         let (status, incomplete) = ending(self.finish_reason.as_deref());
         let output = std::mem::take(&mut self.output);
@@ -307,8 +275,10 @@ impl ResponsesStream {
 
     /// The chat stream's error event: `error`, then `response.failed` with
     /// what was written so far.
-    fn fail(&mut self, error: &Value, out: &mut Vec<u8>) {
-        self.start(out);
+    fn failed(&mut self, error: Option<&Value>, out: &mut Vec<u8>) {
+        let cut = json!({"code": crate::providers::openai::STREAM_INTERRUPTED,
+            "message": "The provider's stream ended before it was complete."});
+        let error = error.unwrap_or(&cut);
         let field = |name: &str| error.get(name).cloned().unwrap_or(Value::Null);
         let (code, message) = (field("code"), field("message"));
         let fields = [
@@ -327,20 +297,5 @@ impl ResponsesStream {
         response.insert("error".into(), json!({"code": code, "message": message}));
         self.emit("response.failed", [("response", Value::Object(response))], out);
         self.finished = true;
-    }
-
-    /// One event: `event: <type>` and its data, with `type` and `sequence_number`.
-    fn emit(&mut self, kind: &str, fields: impl IntoIterator<Item = (&'static str, Value)>, out: &mut Vec<u8>) {
-        let mut event = Map::new();
-        event.insert("type".into(), kind.into());
-        for (name, value) in fields {
-            event.insert(name.into(), value);
-        }
-        event.insert("sequence_number".into(), self.sequence.into());
-        self.sequence = self.sequence.saturating_add(1);
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(kind.as_bytes());
-        out.extend_from_slice(b"\n");
-        crate::sse::write_data(out, &serde_json::to_vec(&Value::Object(event)).unwrap_or_default());
     }
 }

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use super::*;
 use crate::config::Api;
 use crate::inbound::Client;
+use crate::inbound::recorded::{self, TEXT_STREAMS, TOOL_STREAMS};
 use crate::request::{Operation, parse};
-use crate::sse::tests::chunkings;
 use crate::stream::StreamRewriter;
 
 fn chat_of(request: Value) -> Result<Value, ApiError> {
@@ -275,19 +275,8 @@ fn replay(api: Api, request: Value, chunks: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-/// The events written: each `event:` name matches its data's `type`, and
-/// the sequence numbers count from 0.
-fn events(out: &[u8]) -> Vec<Value> {
-    let text = std::str::from_utf8(out).unwrap();
-    let events: Vec<Value> = text
-        .split_terminator("\n\n")
-        .map(|event| {
-            let (name, data) = event.split_once('\n').unwrap();
-            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
-            assert_eq!(Some(name.strip_prefix("event: ").unwrap()), data["type"].as_str());
-            data
-        })
-        .collect();
+/// Checks the sequence numbers count from 0.
+fn numbered(events: Vec<Value>) -> Vec<Value> {
     for (i, event) in events.iter().enumerate() {
         assert_eq!(event["sequence_number"], i as u64, "{event}");
     }
@@ -298,14 +287,10 @@ fn types(events: &[Value]) -> Vec<&str> {
     events.iter().map(|e| e["type"].as_str().unwrap()).collect()
 }
 
-/// Replays `input` whole, byte by byte and split in two everywhere: the
-/// output must be the same every time.
 fn replay_every_chunking(api: Api, request: Value, input: &[u8]) -> Vec<Value> {
-    let whole = replay(api, request.clone(), &[input]);
-    for chunks in chunkings(input) {
-        assert_eq!(replay(api, request.clone(), &chunks), whole);
-    }
-    events(&whole)
+    numbered(recorded::replay_every_chunking(input, &|chunks| {
+        replay(api, request.clone(), chunks)
+    }))
 }
 
 const STREAMED_TEXT: [&str; 9] = [
@@ -335,20 +320,7 @@ fn text_and_shape(events: &[Value]) -> (String, Vec<&str>) {
 #[test]
 fn each_providers_recorded_text_stream_is_the_responses_event_sequence() {
     let request = json!({"model": "fake/ok", "input": "hi", "stream": true});
-    for (api, input) in [
-        (
-            Api::Openai,
-            &include_bytes!("../../../tests/fixtures/openai/chat_completion_stream.sse")[..],
-        ),
-        (
-            Api::Anthropic,
-            &include_bytes!("../../../tests/fixtures/anthropic/message_stream.sse")[..],
-        ),
-        (
-            Api::Gemini,
-            &include_bytes!("../../../tests/fixtures/gemini/stream_generate_content.sse")[..],
-        ),
-    ] {
+    for (api, input) in TEXT_STREAMS {
         let events = replay_every_chunking(api, request.clone(), input);
         let (text, shape) = text_and_shape(&events);
         assert_eq!(shape, STREAMED_TEXT, "{api:?}");
@@ -404,20 +376,7 @@ fn a_stream_cut_by_max_output_tokens_is_incomplete_with_its_usage_details() {
 fn each_providers_recorded_tool_stream_is_function_call_items() {
     let request = json!({"model": "fake/tools", "input": "weather?", "stream": true,
         "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]});
-    for (api, input) in [
-        (
-            Api::Openai,
-            &include_bytes!("../../../tests/fixtures/openai/chat_completion_stream_parallel_tool_calls.sse")[..],
-        ),
-        (
-            Api::Anthropic,
-            &include_bytes!("../../../tests/fixtures/anthropic/message_stream_parallel_tool_use.sse")[..],
-        ),
-        (
-            Api::Gemini,
-            &include_bytes!("../../../tests/fixtures/gemini/stream_generate_content_parallel_function_calls.sse")[..],
-        ),
-    ] {
+    for (api, input) in TOOL_STREAMS {
         let events = replay_every_chunking(api, request.clone(), input);
         let completed = &events.last().unwrap()["response"];
         assert_eq!(completed["status"], "completed", "{api:?}");

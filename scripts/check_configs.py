@@ -282,6 +282,7 @@ PROVIDER_FIELDS = {
     "api_key_env": str,
     "api_key": str,
     "legacy_completions": bool,
+    "responses": bool,
     "timeout_ms": "count",
     "default_max_tokens": "count",
 }

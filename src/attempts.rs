@@ -155,6 +155,7 @@ mod tests {
                 credential: Some(crate::redact::Secret::new(credential.1)),
                 credential_source: "api_key".into(),
                 legacy_completions: false,
+                responses: false,
                 timeout_ms: 1000,
                 default_max_tokens: 1024,
             }),

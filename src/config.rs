@@ -133,6 +133,9 @@ pub struct Provider {
     /// Where the credential comes from, for messages (never the value).
     pub credential_source: String,
     pub legacy_completions: bool,
+    /// The provider serves OpenAI's Responses API itself
+    /// (`{path_prefix}/responses`): a `/responses` request goes to it as it came.
+    pub responses: bool,
     pub timeout_ms: u64,
     pub default_max_tokens: u64,
 }
@@ -237,6 +240,7 @@ struct RawProvider {
     api_key_env: Option<String>,
     api_key: Option<String>,
     legacy_completions: Option<bool>,
+    responses: Option<bool>,
     #[serde(default, deserialize_with = "whole_number")]
     timeout_ms: Option<u64>,
     #[serde(default, deserialize_with = "whole_number")]
@@ -370,6 +374,9 @@ fn validate_providers(
         if p.legacy_completions == Some(true) && p.api != Api::Openai {
             problems.push(format!("{at}: legacy_completions is only for api \"openai\""));
         }
+        if p.responses == Some(true) && p.api != Api::Openai {
+            problems.push(format!("{at}: responses is only for api \"openai\""));
+        }
         let timeout_ms = p.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
         if timeout_ms == 0 {
             problems.push(format!("{at}: timeout_ms must be at least 1"));
@@ -387,6 +394,7 @@ fn validate_providers(
             credential: credential.map(|c| Secret::new(&c)),
             credential_source,
             legacy_completions: p.legacy_completions.unwrap_or(false),
+            responses: p.responses.unwrap_or(false),
             timeout_ms,
             default_max_tokens,
         }));

@@ -29,7 +29,7 @@ use crate::inbound::{Client, ClientApi, ClientStream, messages, responses};
 use crate::limits::{self, SharedStore};
 use crate::metrics;
 use crate::models;
-use crate::providers::anthropic::{self, NativeStream};
+use crate::providers::anthropic;
 use crate::providers::{self, UpstreamRequest};
 use crate::record::Record;
 use crate::redact::{self, Secret};
@@ -1006,9 +1006,9 @@ impl Exchange {
             rewriter.finish(&mut out);
             self.record.usage = rewriter.usage();
             ("text/event-stream", out)
-        } else if asked.client.is_native(provider.api) {
+        } else if asked.client.is_native(provider) {
             // The client's own API: passed as it came, but for the model's name.
-            let (out, usage) = anthropic::native_answer(body, &asked.stamp.model)?;
+            let (out, usage) = asked.client.native_answer(&asked.stamp, body)?;
             self.record.usage = Some(usage);
             ("application/json", out)
         } else if provider.api == Api::Openai && asked.stamp.op == Operation::Chat {
@@ -1022,7 +1022,7 @@ impl Exchange {
             let out = serde_json::to_vec(&answer::finish(&asked.stamp, answer, usage)).map_err(|e| e.to_string())?;
             ("application/json", out)
         };
-        if content_type == "application/json" && !asked.client.is_native(provider.api) {
+        if content_type == "application/json" && !asked.client.is_native(provider) {
             out = asked.client.answer(&asked.stamp, out)?;
         }
         self.redact(&mut out);
@@ -1290,8 +1290,8 @@ fn route_attempts(
 /// The serving provider's stream translated for the request asked: into
 /// the internal chat stream, then into the client's API.
 fn new_rewriter(asked: &Asked, provider: &Provider) -> ClientStream {
-    if asked.client.is_native(provider.api) {
-        return ClientStream::native(NativeStream::new(provider.credential.clone()));
+    if asked.client.is_native(provider) {
+        return asked.client.native_stream(provider);
     }
     let translator = providers::stream_translator(provider.api, &asked.request);
     let rewriter = StreamRewriter::new(translator, asked.stamp.clone(), asked.request.include_usage);

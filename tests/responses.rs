@@ -155,3 +155,85 @@ fn a_keys_request_limit_counts_responses_as_it_counts_chat() {
     assert_eq!(answers[4].header("x-ratelimit-remaining-requests"), Some("0"));
     assert_eq!(gw.fakes.received().len(), 5);
 }
+
+/// The test configuration with `fakeresponses`, an OpenAI-compatible provider that serves
+/// the Responses API itself, and `chain/x` served by `endpoints` in order.
+fn with_native_provider(endpoints: &[(&str, &str)]) -> Value {
+    let mut config = chain_config(endpoints);
+    config["providers"].as_array_mut().unwrap().push(json!({
+        "id": "fakeresponses", "api": "openai", "cluster": "fake", "authority": "fake.local",
+        "path_prefix": "/v1", "api_key": "fake-openai-key", "responses": true
+    }));
+    config
+}
+
+#[test]
+fn a_provider_serving_the_responses_api_gets_the_request_as_it_came() {
+    let gw = Gateway::with_config(&with_native_provider(&[("fakeresponses", "echo")]));
+    // State and a tool only OpenAI has: no chat provider could serve this.
+    let body = r#"{"model":"chain/x","previous_response_id":"resp_earlier","input":[{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAA"},{"role":"user","content":"hi"}],"tools":[{"type":"web_search"}],"store":true}"#;
+    let r = gw.send(
+        "POST",
+        "/api/v1/responses",
+        &[
+            ("authorization", &format!("Bearer {DEV_KEY}")),
+            ("content-type", "application/json"),
+        ],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-provider"), Some("fakeresponses"));
+    let v = r.json();
+    assert_eq!(v["model"], "chain/x");
+    assert!(v["id"].as_str().unwrap().starts_with("resp_"));
+    let got = gw.fakes.received();
+    assert_eq!(got[0].path_only(), "/v1/responses");
+    assert_eq!(
+        std::str::from_utf8(&got[0].body).unwrap(),
+        body.replace(r#""model":"chain/x","#, "")
+            .replace(r#","store":true}"#, r#","store":true,"model":"echo"}"#)
+    );
+    assert_eq!(got[0].header("authorization"), Some("Bearer fake-openai-key"));
+
+    // Streamed, event for event, its usage counted.
+    let r = responses(
+        &gw,
+        DEV_KEY,
+        &json!({"model": "chain/x", "input": "hi", "stream": true}),
+    );
+    let events = events(&r);
+    assert_eq!(events.first().unwrap()["type"], "response.created");
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    let usage = &events.last().unwrap()["response"]["usage"];
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let logged = format!(
+        "provider=fakeresponses attempts=fakeresponses:200 status=200 prompt_tokens={} completion_tokens={}",
+        usage["input_tokens"], usage["output_tokens"]
+    );
+    assert!(gw.logs().contains(&logged), "{logged}\n{}", gw.logs());
+}
+
+#[test]
+fn a_failed_native_provider_falls_back_to_a_translated_one_and_state_is_refused_without_one() {
+    let gw = Gateway::with_config(&with_native_provider(&[
+        ("fakeresponses", "status-503"),
+        ("fakegemini", "ok"),
+    ]));
+    let r = responses(&gw, DEV_KEY, &json!({"model": "chain/x", "input": "hi"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-attempts"), Some("fakeresponses:503,fakegemini:200"));
+    assert_eq!(r.json()["output"][0]["content"][0]["text"], "Hello from gemini fake.");
+    // An earlier response only the native provider could know: the fallback cannot serve it.
+    let r = responses(
+        &gw,
+        DEV_KEY,
+        &json!({"model": "chain/x", "input": "hi", "previous_response_id": "resp_1"}),
+    );
+    assert_eq!(
+        r.header("x-waygate-attempts"),
+        Some("fakeresponses:503"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.status, 502, "{}", r.text());
+}

@@ -1,4 +1,5 @@
-//! Fake OpenAI API: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`.
+//! Fake OpenAI API: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`,
+//! `GET /v1/models`.
 //!
 //! Shapes follow `tests/fixtures/openai/` (recorded api.openai.com traffic): JSON
 //! `chat.completion` / `text_completion`, SSE `chat.completion.chunk`s ending with
@@ -7,6 +8,7 @@
 //! Requests are checked like the real API: bearer key, JSON body, required fields,
 //! unknown top-level parameters, value ranges, tool-call / tool-message pairing.
 
+mod responses;
 mod validate;
 
 use serde_json::{Map, Value, json};
@@ -24,6 +26,9 @@ type Checked = Result<(), Reply>;
 
 /// Answers one request to the OpenAI paths (and any unknown path).
 pub(crate) fn handle(req: &RecordedRequest) -> Reply {
+    if req.path_only() == "/v1/responses" && req.method == "POST" {
+        return check_key(req).err().unwrap_or_else(|| responses::handle(req));
+    }
     let (chat, method) = match req.path_only() {
         "/v1/chat/completions" => (true, "POST"),
         "/v1/completions" => (false, "POST"),

@@ -27,7 +27,8 @@ use crate::answer::Stamp;
 use crate::config::{Api, Provider};
 use crate::errors::ApiError;
 use crate::providers::UpstreamRequest;
-use crate::providers::anthropic::{self, NativeStream};
+use crate::providers::native::{NativeStream, Wire};
+use crate::providers::{anthropic, openai};
 use crate::request::Operation;
 use crate::stream::StreamRewriter;
 use crate::usage::Usage;
@@ -157,22 +158,54 @@ impl Client {
         routing_field: &str,
     ) -> Option<Result<UpstreamRequest, ApiError>> {
         match self {
-            Client::Messages(asked) if self.is_native(provider.api) => Some(anthropic::native_request(
+            Client::Messages(asked) if self.is_native(provider) => Some(anthropic::native_request(
                 provider,
                 &asked.body,
                 &asked.headers,
                 upstream_model,
                 routing_field,
             )),
+            Client::Responses(echo) if self.is_native(provider) => Some(openai::responses_request(
+                provider,
+                &echo.body,
+                upstream_model,
+                routing_field,
+            )),
             Client::Messages(asked) => asked.untranslatable.clone().map(Err),
-            _ => None,
+            Client::Responses(echo) => echo.untranslatable.clone().map(Err),
+            Client::Internal => None,
         }
     }
 
     /// Whether `provider` speaks the client's own API: the request and the
     /// answer then pass natively, with nothing translated.
-    pub fn is_native(&self, provider: Api) -> bool {
-        matches!(self, Client::Messages(_)) && provider == Api::Anthropic
+    pub fn is_native(&self, provider: &Provider) -> bool {
+        match self {
+            Client::Messages(_) => provider.api == Api::Anthropic,
+            Client::Responses(_) => provider.api == Api::Openai && provider.responses,
+            Client::Internal => false,
+        }
+    }
+
+    /// The stream of a provider that speaks the client's own API.
+    pub fn native_stream(&self, provider: &Provider) -> ClientStream {
+        let wire = match self {
+            Client::Responses(_) => Wire::Responses,
+            Client::Messages(_) | Client::Internal => Wire::Messages,
+        };
+        ClientStream {
+            way: Way::Native(Box::new(NativeStream::new(wire, provider.credential.clone()))),
+            internal: Vec::new(),
+        }
+    }
+
+    /// The provider's answer in the client's own API, with the client's
+    /// model name, and its usage.
+    pub fn native_answer(&self, stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), String> {
+        match self {
+            Client::Responses(_) => openai::responses_answer(body, &stamp.model),
+            Client::Messages(_) | Client::Internal => anthropic::native_answer(body, &stamp.model),
+        }
     }
 }
 
@@ -193,14 +226,6 @@ enum Way {
 }
 
 impl ClientStream {
-    /// The provider's stream in the client's own API, passed through.
-    pub fn native(stream: NativeStream) -> ClientStream {
-        ClientStream {
-            way: Way::Native(Box::new(stream)),
-            internal: Vec::new(),
-        }
-    }
-
     /// Translates one chunk of provider bytes into `out`.
     pub fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
         self.internal.clear();

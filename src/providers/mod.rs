@@ -23,6 +23,7 @@ use crate::usage::Usage;
 pub mod anthropic;
 mod chat;
 pub mod gemini;
+pub mod native;
 pub mod openai;
 
 /// What goes upstream: the path (after `path_prefix`), the provider's own

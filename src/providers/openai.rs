@@ -217,6 +217,69 @@ pub fn error_details(body: &[u8]) -> ErrorDetails {
     }
 }
 
+// ---- the Responses API, natively ----------------------------------------------
+
+/// A `/responses` request as the client sent it, for a provider that serves
+/// the Responses API (`responses: true`): the model renamed, the routing
+/// field removed, every other member byte for byte.
+pub fn responses_request(
+    provider: &Provider,
+    client_body: &[u8],
+    upstream_model: &str,
+    routing_field: &str,
+) -> Result<UpstreamRequest, ApiError> {
+    let text = std::str::from_utf8(client_body).map_err(|_| internal())?;
+    let members = Members::parse_str(text).map_err(|_| internal())?;
+    let mut body = Vec::with_capacity(client_body.len().saturating_add(64));
+    let mut w = ObjectWriter::new(&mut body);
+    for (name, value) in &members.0 {
+        if name != "model" && name != routing_field {
+            w.member(name, *value);
+        }
+    }
+    w.string("model", upstream_model);
+    w.finish();
+    Ok(UpstreamRequest {
+        path: [provider.path_prefix.as_str(), "/responses"].concat(),
+        headers: vec![("authorization".into(), ["Bearer ", provider.credential_text()].concat())],
+        body,
+    })
+}
+
+/// A `response` object's usage (`input_tokens`, `output_tokens`).
+pub fn responses_usage(response: &str) -> Option<Usage> {
+    let response = crate::json::dom::parse(response).ok()?;
+    let usage = response.get("usage")?.as_object()?;
+    let n = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
+    Some(Usage {
+        prompt_tokens: n("input_tokens"),
+        completion_tokens: n("output_tokens"),
+    })
+}
+
+/// The provider's `response`, with `model` the client's, every other member
+/// (its own id included: a later `previous_response_id` names it) byte for
+/// byte; `Err` says why it is not a valid answer.
+pub fn responses_answer(body: &[u8], model: &str) -> Result<(Vec<u8>, Usage), String> {
+    let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
+    let members = Members::parse_str(text).map_err(|e| format!("body is not a response: {e}"))?;
+    if members.get("object").map(|o| o.get()) != Some("\"response\"") {
+        return Err("the answer is not a response object".into());
+    }
+    let usage = responses_usage(text).unwrap_or_default();
+    let mut out = Vec::with_capacity(body.len().saturating_add(32));
+    let mut w = ObjectWriter::new(&mut out);
+    for (name, value) in &members.0 {
+        if name == "model" {
+            w.string("model", model);
+        } else {
+            w.member(name, *value);
+        }
+    }
+    w.finish();
+    Ok((out, usage))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

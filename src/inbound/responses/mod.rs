@@ -67,19 +67,53 @@ const ECHOED: [&str; 11] = [
     "user",
 ];
 
-/// What the answer echoes of the client's request.
+/// What the answer echoes of the client's request, and the request as it
+/// came for a provider that serves the Responses API itself.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Echo {
     settings: Map<String, Value>,
     /// Each function declared inside a `namespace` tool, and its namespace:
     /// a call to it says which.
     namespaces: Vec<(String, String)>,
+    /// The body as the client sent it.
+    pub body: Vec<u8>,
+    /// Why the request cannot be translated to chat, when it cannot.
+    pub untranslatable: Option<ApiError>,
 }
 
 /// A Responses request as a chat request's body, and what its answer echoes.
 /// `routing_field` is copied as it came.
+///
+/// What only chat cannot carry (state the gateway does not keep, a tool the
+/// provider runs, a field waygate does not know) is no error yet: a provider
+/// that serves the Responses API takes the request as it came. The chat
+/// request is then the request's routing members alone, and
+/// [`Echo::untranslatable`] says why no other provider may be asked.
 pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Echo), ApiError> {
     let request = read_object(body)?;
+    let (chat, mut echo) = match translate(&request, routing_field) {
+        Ok(translated) => translated,
+        Err(e) if ["unsupported_parameter", "unknown_parameter"].contains(&e.code.as_str()) => {
+            let mut chat = Map::new();
+            for name in ["model", "stream", routing_field] {
+                if let Some(value) = request.get(name).filter(|v| !v.is_null()) {
+                    chat.insert(name.to_string(), value.clone());
+                }
+            }
+            chat.insert("messages".into(), json!([{"role": "user", "content": ""}]));
+            let echo = Echo {
+                untranslatable: Some(e),
+                ..Echo::default()
+            };
+            (chat_body(chat)?, echo)
+        }
+        Err(e) => return Err(e),
+    };
+    echo.body = body.to_vec();
+    Ok((chat, echo))
+}
+
+fn translate(request: &Map<String, Value>, routing_field: &str) -> Result<(Vec<u8>, Echo), ApiError> {
     let mut chat = Map::new();
     let mut echo = Echo::default();
     let mut messages: Vec<Value> = Vec::new();
@@ -90,7 +124,7 @@ pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Echo), ApiE
         };
         messages.push(json!({"role": "system", "content": text}));
     }
-    for (name, value) in &request {
+    for (name, value) in request {
         if value.is_null() {
             continue;
         }

@@ -17,8 +17,13 @@ fn chat_of(request: Value) -> Result<Value, ApiError> {
     Ok(serde_json::from_slice(&chat).unwrap())
 }
 
+/// Why no chat provider may serve `request`: invalid for every provider, or
+/// left to a provider that serves the Responses API itself.
 fn refused(request: Value) -> (u16, String, Option<String>) {
-    let e = chat_of(request).unwrap_err();
+    let e = match to_chat(request.to_string().as_bytes(), "waygate") {
+        Err(e) => e,
+        Ok((_, echo)) => echo.untranslatable.expect("a chat provider can serve it"),
+    };
     (e.status, e.code, e.param)
 }
 
@@ -471,4 +476,60 @@ fn a_namespace_tools_functions_are_offered_and_a_call_to_one_names_it() {
         ),
         (400, "unsupported_parameter".into(), Some("tools.0.tools.0.type".into()))
     );
+}
+
+#[test]
+fn a_provider_serving_the_responses_api_gets_the_request_as_it_came() {
+    let json = br#"{"providers":[{"id":"o","api":"openai","cluster":"o","authority":"o","path_prefix":"/v1",
+        "api_key":"sk-1","responses":true}]}"#;
+    let config = crate::config::Config::parse(json, &|_| None).unwrap();
+    let provider = config.provider("o").unwrap();
+    // What chat cannot carry: an earlier response, a tool OpenAI runs, a reasoning item.
+    let body = br#"{"model":"o/gpt-5","previous_response_id":"resp_1","input":[{"type":"reasoning","id":"rs_1","encrypted_content":"gAAA","summary":[]}],"tools":[{"type":"web_search"}],"waygate":{"routing":{}}}"#;
+    let (_, echo) = to_chat(body, "waygate").unwrap();
+    assert_eq!(
+        echo.untranslatable.as_ref().map(|e| e.param.as_deref()),
+        Some(Some("previous_response_id"))
+    );
+    let client = Client::Responses(echo);
+    assert!(client.is_native(provider));
+    let up = client.native_request(provider, "gpt-5", "waygate").unwrap().unwrap();
+    assert_eq!(up.path, "/v1/responses");
+    assert_eq!(
+        std::str::from_utf8(&up.body).unwrap(),
+        r#"{"previous_response_id":"resp_1","input":[{"type":"reasoning","id":"rs_1","encrypted_content":"gAAA","summary":[]}],"tools":[{"type":"web_search"}],"model":"gpt-5"}"#
+    );
+    assert_eq!(up.headers, [("authorization".to_string(), "Bearer sk-1".to_string())]);
+    // Its answer keeps its own id and says the client's model.
+    let answer = br#"{"id":"resp_abc","object":"response","model":"gpt-5-2025-08-07","output":[],"usage":{"input_tokens":7,"output_tokens":3,"total_tokens":10}}"#;
+    let (out, usage) = client.native_answer(&stamp(), answer).unwrap();
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        r#"{"id":"resp_abc","object":"response","model":"fake/ok","output":[],"usage":{"input_tokens":7,"output_tokens":3,"total_tokens":10}}"#
+    );
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (7, 3));
+    // Its stream passes event for event, usage read from the last.
+    let events = b"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_abc\"}}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":{\"id\":\"resp_abc\",\"usage\":{\"input_tokens\":7,\"output_tokens\":3}}}\n\n";
+    let passed = recorded::replay_every_chunking(events, &|chunks| {
+        let mut stream = client.native_stream(provider);
+        let mut out = Vec::new();
+        for chunk in chunks {
+            stream.push(chunk, &mut out);
+        }
+        stream.finish(&mut out);
+        assert_eq!(stream.usage().map(|u| u.total()), Some(10));
+        out
+    });
+    assert_eq!(passed.len(), 2);
+    // Cut short, it ends with the API's error event.
+    let mut stream = client.native_stream(provider);
+    let mut out = Vec::new();
+    stream.push(&events[..events.len() / 2], &mut out);
+    stream.finish(&mut out);
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.ends_with("\"type\":\"error\"}\n\n") && text.contains("event: error"),
+        "{text}"
+    );
+    assert_eq!(stream.error_code(), Some("stream_interrupted"));
 }

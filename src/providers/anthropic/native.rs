@@ -8,9 +8,8 @@
 //!   `anthropic-version` (else [`VERSION`]) and `anthropic-beta` go with it.
 //! - [`native_answer`]: the provider's `message` with `model` as the client
 //!   asked, every other member byte for byte, and its usage read.
-//! - [`NativeStream`]: the provider's events as they came, each re-framed
-//!   whole (so a credential the provider echoes is scrubbed per event), its
-//!   usage read, and an `error` event if it ends without `message_stop`.
+//! - [`stream_usage`]: what a stream's event says of usage, for
+//!   [`crate::providers::native::NativeStream`].
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -20,8 +19,6 @@ use crate::config::Provider;
 use crate::errors::{ApiError, ErrorType, Header};
 use crate::json::members::{Members, ObjectWriter};
 use crate::providers::UpstreamRequest;
-use crate::redact::Secret;
-use crate::sse::SseDecoder;
 use crate::usage::Usage;
 
 /// The request headers of the client's that go to an Anthropic provider with
@@ -110,133 +107,32 @@ pub fn native_answer(body: &[u8], model: &str) -> Result<(Vec<u8>, Usage), Strin
     Ok((out, usage_of(&answer.usage)))
 }
 
-/// The members of an event the stream reads: its type, and where usage is.
-#[derive(Deserialize)]
-struct Event<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    message: Option<&'a RawValue>,
-    #[serde(borrow)]
-    usage: Option<&'a RawValue>,
-}
-
 #[derive(Deserialize)]
 struct StartMessage {
     #[serde(default)]
     usage: WireUsage,
 }
 
-/// One provider stream passed to a Messages client.
-pub struct NativeStream {
-    decoder: SseDecoder,
-    usage: Option<Usage>,
-    finished: bool,
-    error_code: Option<String>,
-    secret: Option<Secret>,
-}
-
-impl NativeStream {
-    /// `secret`: the provider's credential, scrubbed from every event.
-    pub fn new(secret: Option<Secret>) -> Self {
-        NativeStream {
-            decoder: SseDecoder::default(),
-            usage: None,
-            finished: false,
-            error_code: None,
-            secret: secret.filter(Secret::worth_scrubbing),
-        }
+/// What a Messages stream event says of usage: `message_start`'s counts, or
+/// a `message_delta`'s (cumulative; one without input counts keeps `before`'s).
+pub fn stream_usage(
+    kind: &str,
+    message: Option<&RawValue>,
+    usage: Option<&RawValue>,
+    before: Option<Usage>,
+) -> Option<Usage> {
+    let wire = match kind {
+        "message_start" => message
+            .and_then(|m| serde_json::from_str::<StartMessage>(m.get()).ok())
+            .map(|m| m.usage),
+        "message_delta" => usage.and_then(|u| serde_json::from_str::<WireUsage>(u.get()).ok()),
+        _ => None,
+    }?;
+    let mut now = usage_of(&wire);
+    if wire.prompt().is_none() {
+        now.prompt_tokens = before.map_or(0, |u| u.prompt_tokens);
     }
-
-    pub fn usage(&self) -> Option<Usage> {
-        self.usage
-    }
-
-    pub fn error_code(&self) -> Option<&str> {
-        self.error_code.as_deref()
-    }
-
-    pub fn push(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
-        let mut rest = chunk;
-        let mut decoder = std::mem::take(&mut self.decoder);
-        loop {
-            match decoder.next(&mut rest) {
-                Ok(Some(event)) => self.on_event(event.data, out),
-                Ok(None) => break,
-                Err(_) => {
-                    self.fail("The provider's stream broke its framing.", out);
-                    break;
-                }
-            }
-        }
-        self.decoder = decoder;
-    }
-
-    pub fn finish(&mut self, out: &mut Vec<u8>) {
-        if let Ok(Some(last)) = self.decoder.finish().map(|e| e.map(|e| e.data.to_string())) {
-            self.on_event(&last, out);
-        }
-        if !self.finished {
-            self.fail("The provider's stream ended before it was complete.", out);
-        }
-    }
-
-    fn on_event(&mut self, data: &str, out: &mut Vec<u8>) {
-        if self.finished {
-            return;
-        }
-        let Ok(event) = serde_json::from_str::<Event<'_>>(data) else {
-            return self.fail("The provider sent an event that is not valid.", out);
-        };
-        let usage = match event.kind.as_ref() {
-            "message_start" => event
-                .message
-                .and_then(|m| serde_json::from_str::<StartMessage>(m.get()).ok())
-                .map(|m| m.usage),
-            "message_delta" => event
-                .usage
-                .and_then(|u| serde_json::from_str::<WireUsage>(u.get()).ok()),
-            _ => None,
-        };
-        if let Some(wire) = usage {
-            // A delta's counts are cumulative; one without input counts keeps the start's.
-            let mut now = usage_of(&wire);
-            if wire.prompt().is_none() {
-                now.prompt_tokens = self.usage.map_or(0, |u| u.prompt_tokens);
-            }
-            self.usage = Some(now);
-        }
-        let start = out.len();
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(event.kind.as_bytes());
-        out.push(b'\n');
-        for line in data.split('\n') {
-            out.extend_from_slice(b"data: ");
-            out.extend_from_slice(line.as_bytes());
-            out.push(b'\n');
-        }
-        out.push(b'\n');
-        if let Some(secret) = &self.secret {
-            secret.scrub_from(out, start);
-        }
-        match event.kind.as_ref() {
-            "message_stop" => self.finished = true,
-            "error" => {
-                self.finished = true;
-                self.error_code = Some("provider_error".into());
-            }
-            _ => {}
-        }
-    }
-
-    /// The stream cannot go on: Anthropic's `error` event ends it.
-    fn fail(&mut self, message: &str, out: &mut Vec<u8>) {
-        let e = crate::providers::openai::interrupted(message);
-        out.extend_from_slice(b"event: error\n");
-        crate::sse::write_data(out, &crate::inbound::messages::error_body(&e));
-        self.finished = true;
-        self.error_code = Some(e.code);
-    }
+    Some(now)
 }
 
 #[cfg(test)]
@@ -306,7 +202,10 @@ mod tests {
     }
 
     fn replay(chunks: &[&[u8]]) -> (Vec<u8>, Option<Usage>, Option<String>) {
-        let mut stream = NativeStream::new(provider().credential.clone());
+        let mut stream = crate::providers::native::NativeStream::new(
+            crate::providers::native::Wire::Messages,
+            provider().credential.clone(),
+        );
         let mut out = Vec::new();
         for chunk in chunks {
             stream.push(chunk, &mut out);

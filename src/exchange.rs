@@ -549,13 +549,19 @@ impl Exchange {
         let (request, client) = match api {
             ClientApi::Responses => {
                 let (chat, echo) = responses::to_chat(body, &cfg.routing_field)?;
-                (request::parse(api.operation(), &chat)?, Client::Responses(echo))
+                (
+                    request::parse(api.operation(), &chat)?,
+                    Client::Responses(Box::new(echo)),
+                )
             }
             // Answered before routing (on_request_body); read as Messages all the same.
             ClientApi::Messages | ClientApi::CountTokens => {
                 let (chat, mut asked) = messages::to_chat(body, &cfg.routing_field)?;
                 asked.headers = api_headers;
-                (request::parse(api.operation(), &chat)?, Client::Messages(asked))
+                (
+                    request::parse(api.operation(), &chat)?,
+                    Client::Messages(Box::new(asked)),
+                )
             }
             ClientApi::Chat | ClientApi::Completions => (request::parse(api.operation(), body)?, Client::Internal),
         };

@@ -118,9 +118,9 @@ pub enum Client {
     /// Chat or legacy completions: the internal form's answer is the client's.
     Internal,
     /// The Responses API, and what its answer echoes of the request.
-    Responses(responses::Echo),
+    Responses(Box<responses::Echo>),
     /// The Messages API, and what its answer takes of the request.
-    Messages(messages::Asked),
+    Messages(Box<messages::Asked>),
 }
 
 impl Client {
@@ -138,7 +138,7 @@ impl Client {
         let way = match self {
             Client::Internal => Way::Internal(chat),
             Client::Responses(echo) => {
-                Way::Rewritten(chat, Box::new(ResponsesStream::new(echo.clone(), stamp.clone())))
+                Way::Rewritten(chat, Box::new(ResponsesStream::new(echo.for_answer(), stamp.clone())))
             }
             Client::Messages(_) => Way::Rewritten(chat, Box::new(MessagesStream::new(stamp.clone()))),
         };

@@ -253,7 +253,7 @@ fn replay(api: Api, chunks: &[&[u8]]) -> Vec<u8> {
     let parsed = parse(Operation::Chat, &chat).unwrap();
     let translator = crate::providers::stream_translator(api, &parsed);
     let rewriter = StreamRewriter::new(translator, stamp(), parsed.include_usage);
-    let mut stream = Client::Messages(asked).stream(&stamp(), rewriter);
+    let mut stream = Client::Messages(Box::new(asked)).stream(&stamp(), rewriter);
     let mut out = Vec::new();
     for chunk in chunks {
         stream.push(chunk, &mut out);

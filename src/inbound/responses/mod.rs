@@ -543,6 +543,16 @@ fn usage(chat: Option<&Value>) -> Value {
 }
 
 impl Echo {
+    /// What the answer echoes, without the request's body.
+    pub fn for_answer(&self) -> Echo {
+        Echo {
+            settings: self.settings.clone(),
+            namespaces: self.namespaces.clone(),
+            body: Vec::new(),
+            untranslatable: None,
+        }
+    }
+
     /// A `response` object: the request's settings echoed (OpenAI's
     /// defaults where it sent none), and what the answer says.
     fn response(&self, stamp: &Stamp, status: &str, output: Vec<Value>, usage: Value) -> Map<String, Value> {

@@ -271,7 +271,7 @@ fn replay(api: Api, request: Value, chunks: &[&[u8]]) -> Vec<u8> {
     let parsed = parse(Operation::Chat, &chat).unwrap();
     let translator = crate::providers::stream_translator(api, &parsed);
     let rewriter = StreamRewriter::new(translator, stamp(), parsed.include_usage);
-    let mut stream = Client::Responses(echo).stream(&stamp(), rewriter);
+    let mut stream = Client::Responses(Box::new(echo)).stream(&stamp(), rewriter);
     let mut out = Vec::new();
     for chunk in chunks {
         stream.push(chunk, &mut out);
@@ -491,7 +491,7 @@ fn a_provider_serving_the_responses_api_gets_the_request_as_it_came() {
         echo.untranslatable.as_ref().map(|e| e.param.as_deref()),
         Some(Some("previous_response_id"))
     );
-    let client = Client::Responses(echo);
+    let client = Client::Responses(Box::new(echo));
     assert!(client.is_native(provider));
     let up = client.native_request(provider, "gpt-5", "waygate").unwrap().unwrap();
     assert_eq!(up.path, "/v1/responses");

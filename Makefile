@@ -32,7 +32,7 @@ toolchain:
 
 # After cargo, binaryen's wasm-opt -O3 (when installed; .ci/run installs it): with
 # opt-level "s" it halves the filter's CPU per request against "z" and stays under
-# 600 KB (measured by make bench). -ocimfs 1000 bounds the inlining of functions that
+# 700 KB (681 KB with the Responses and Messages APIs; make bench prints it). -ocimfs 1000 bounds the inlining of functions that
 # have one caller (binaryen's default has no bound and makes functions of 37 KB): V8
 # compiles every function with TurboFan at load, the largest set the memory peak, and
 # Envoy's heap keeps that peak; bounded, idle RSS is 7 MiB lower at the same CPU per

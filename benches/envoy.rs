@@ -43,8 +43,9 @@
 //! candidate answers 503 (`bench/fallback`), through each fallback mode (router fallback in
 //! an Envoy of its own running `envoy/local-router.yaml`, from Envoy 1.39), against the same
 //! stream asked of the second candidate first; then the inbound APIs: the same ~1 KB
-//! conversation as a chat completion, a Responses request and a Messages request, plain
-//! (c = 64) and streamed (long-18, c = 16), through the filter. Each cell
+//! conversation as a chat completion, a Responses request and a Messages request (to the
+//! OpenAI-compatible fake, translated, and to the Anthropic one, native), plain (c = 64)
+//! and streamed (long-18, c = 16), through the filter. Each cell
 //! runs in interleaved rounds, every row in turn, so a noisy neighbour hits them alike.
 //!
 //! Per row and cell: the proxy's CPU per request, the growth of its threads' run time (the
@@ -205,11 +206,13 @@ const CLIENT_API_STREAMS: Cell = Cell {
     streaming: true,
     requests: 1_500,
 };
-/// The inbound APIs' row labels and paths.
-const CLIENT_API_PATHS: [(&str, &str); 3] = [
-    ("chat", "/api/v1/chat/completions"),
-    ("responses", "/api/v1/responses"),
-    ("messages", "/api/v1/messages"),
+/// The inbound APIs' rows: label, path, and the provider that answers (the Messages API
+/// translated to the OpenAI-compatible fake, and passed natively to the Anthropic one).
+const CLIENT_API_PATHS: [(&str, &str, &str); 4] = [
+    ("chat", "/api/v1/chat/completions", "fake"),
+    ("responses", "/api/v1/responses", "fake"),
+    ("messages", "/api/v1/messages", "fake"),
+    ("messages, native", "/api/v1/messages", "fakeanthropic"),
 ];
 
 const C1: usize = 0;
@@ -1580,12 +1583,14 @@ fn client_api_rows(filtered: &[(&str, &Proc)], body: &Value) -> Vec<Row> {
         "responses" => {
             json!({"model": model, "instructions": system, "input": turns, "max_output_tokens": 256, "stream": stream})
         }
-        "messages" => json!({"model": model, "system": system, "messages": turns, "max_tokens": 256, "stream": stream}),
+        "messages" | "messages, native" => {
+            json!({"model": model, "system": system, "messages": turns, "max_tokens": 256, "stream": stream})
+        }
         _ => json!({"model": model, "messages": messages, "max_tokens": 256, "stream": stream}),
     };
     let mut rows = Vec::new();
     for (label, proxy) in filtered {
-        for (api, path) in CLIENT_API_PATHS {
+        for (api, path, provider) in CLIENT_API_PATHS {
             let send = |model: &str, stream: bool| {
                 http(
                     path,
@@ -1596,8 +1601,8 @@ fn client_api_rows(filtered: &[(&str, &Proc)], body: &Value) -> Vec<Row> {
             rows.push(Row {
                 label: format!("{label}, {api}"),
                 addr: proxy.addr,
-                chat: send("fake/ok", false),
-                stream: send("fake/long-18", true),
+                chat: send(&format!("{provider}/ok"), false),
+                stream: send(&format!("{provider}/long-18"), true),
                 proxy: Some(proxy.pid()),
             });
         }

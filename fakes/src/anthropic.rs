@@ -48,7 +48,11 @@ pub(crate) fn handle(req: &RecordedRequest) -> Reply {
         }
         Err(e) => return invalid(&format!("There was an error parsing the body: {e}")),
     };
-    match validate::validate(&body) {
+    // The beta Claude Code 2.1.332 sends, under which a turn may be a `system` one.
+    let system_turns = req
+        .header("anthropic-beta")
+        .is_some_and(|betas| betas.split(',').any(|b| b.trim() == validate::PER_TURN_CONTROL));
+    match validate::validate(&body, system_turns) {
         Ok(()) => respond(req, &body),
         Err(reply) => reply,
     }

@@ -940,3 +940,25 @@ fn every_fixture_is_listed_in_its_sources() {
         }
     }
 }
+
+#[test]
+fn anthropic_takes_system_turns_and_newer_versions_as_claude_code_sends_them() {
+    let f = start();
+    let body = json!({"model": "ok", "max_tokens": 10, "output_config": {"effort": "medium"},
+        "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "# Environment"}]});
+    let send_with = |beta: &str, version: &str| {
+        let headers = [
+            ("x-api-key", ANTHROPIC_KEY),
+            ("anthropic-version", version),
+            ("anthropic-beta", beta),
+            ("content-type", "application/json"),
+        ];
+        send(f.addr(), "POST", "/v1/messages", &headers, body.to_string().as_bytes())
+    };
+    let r = send_with("claude-code-20250219,per-turn-control-2026-07-01", "2026-10-21");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Without the beta, a system turn is refused, as the real API refuses it.
+    let r = send_with("claude-code-20250219", "2023-06-01");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("messages.1.role"), "{}", r.text());
+}

@@ -43,7 +43,11 @@ const BLOCK_TYPES: &[&str] = &[
 ];
 const MEDIA_TYPES: &[&str] = &["image/jpeg", "image/png", "image/gif", "image/webp"];
 
-pub(super) fn validate(body: &Map<String, Value>) -> Checked {
+/// The beta under which a conversation may hold `system` turns.
+pub(super) const PER_TURN_CONTROL: &str = "per-turn-control-2026-07-01";
+
+/// `system_turns`: the request asked for [`PER_TURN_CONTROL`].
+pub(super) fn validate(body: &Map<String, Value>, system_turns: bool) -> Checked {
     if let Some(extra) = body.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(invalid(&format!("{extra}: Extra inputs are not permitted")));
     }
@@ -70,7 +74,7 @@ pub(super) fn validate(body: &Map<String, Value>) -> Checked {
     }
     let mut pending: Vec<String> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
-        pending = validate_message(i, m, &pending)?;
+        pending = validate_message(i, m, &pending, system_turns)?;
     }
     validate_system(body.get("system"))?;
     range(body, "temperature", 0.0, 1.0)?;
@@ -95,10 +99,10 @@ pub(super) fn validate(body: &Map<String, Value>) -> Checked {
 }
 
 /// Checks one message; returns the `tool_use` ids it leaves waiting for results.
-fn validate_message(i: usize, m: &Value, pending: &[String]) -> Result<Vec<String>, Reply> {
+fn validate_message(i: usize, m: &Value, pending: &[String], system_turns: bool) -> Result<Vec<String>, Reply> {
     let role = match m.get("role").and_then(Value::as_str) {
-        // `system` turns: the per-turn-control beta Claude Code 2.1.332 sends.
-        Some(r @ ("user" | "assistant" | "system")) => r,
+        Some(r @ ("user" | "assistant")) => r,
+        Some(r @ "system") if system_turns => r,
         None if m.get("role").is_none() => {
             return Err(invalid(&format!("messages.{i}.role: Field required")));
         }

@@ -1,5 +1,7 @@
 //! Anthropic's Messages API in (`POST /messages`), over the chat form
-//! (docs/contract.md "The Messages API").
+//! (docs/contract.md "The Messages API"). An Anthropic provider gets the
+//! request as it came instead (`providers::anthropic::native_request`, with
+//! [`Asked`]'s body and headers).
 //!
 //! - [`to_chat`]: a Messages request becomes a chat request. `system` (a
 //!   string or text blocks) and `system`-role turns become system messages;
@@ -12,7 +14,9 @@
 //!   `cache_control` markers are dropped too: only Anthropic reads them.
 //!   A server tool (`web_search`, `bash`, ...), a block chat cannot carry
 //!   (`document`, `search_result`, a server tool's blocks) or an unknown
-//!   field is a 400 naming it, before any provider is asked.
+//!   field makes the request untranslatable ([`Asked::untranslatable`]):
+//!   only an Anthropic provider may serve it, and without one it is a 400
+//!   naming the field, before any provider is asked.
 //! - [`to_message`]: the finished `chat.completion` becomes a `message`.
 //! - [`stream::MessagesStream`]: the finished chat stream becomes Anthropic's
 //!   event sequence.

@@ -1,5 +1,7 @@
 //! OpenAI's Responses API in (`POST /responses`), stateless, over the chat
-//! form (docs/contract.md "The Responses API").
+//! form (docs/contract.md "The Responses API"). A provider that serves the
+//! Responses API itself (`responses: true`) gets the request as it came
+//! instead (`providers::openai::responses_request`, with [`Echo`]'s body).
 //!
 //! - [`to_chat`]: a Responses request becomes a chat request. `instructions`
 //!   and the `input` items become messages (a `function_call` item joins the
@@ -9,9 +11,12 @@
 //!   `reasoning_effort`. Reasoning items are dropped: chat has no place for
 //!   them, and their encrypted content is only readable by OpenAI. What needs
 //!   state the gateway does not keep (`previous_response_id`, `conversation`,
-//!   a stored `prompt`, `background`, an `item_reference`) or a tool run by
-//!   the provider (`web_search`, `file_search`, ...) is a 400 naming the
-//!   field; so is an unknown field, as OpenAI answers.
+//!   a stored `prompt`, `background`, an `item_reference`), a tool run by
+//!   the provider (`web_search`, `file_search`, ...) or an unknown field
+//!   makes the request untranslatable ([`Echo::untranslatable`]): only a
+//!   provider serving the Responses API may serve it, and without one it is
+//!   a 400 naming the field (`unknown_parameter` for an unknown one, as
+//!   OpenAI answers), before any provider is asked.
 //! - [`to_response`]: the finished `chat.completion` becomes a `response`.
 //! - [`stream::ResponsesStream`]: the finished chat stream becomes the
 //!   Responses event sequence.

@@ -8,9 +8,53 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::errors::{ApiError, ErrorType};
+use crate::json::members::{Members, ObjectWriter};
 use crate::redact::Secret;
 use crate::sse::SseDecoder;
 use crate::usage::Usage;
+
+/// The client's body for a provider of the client's own API: every member
+/// byte for byte, but the routing field (removed) and `model` (the upstream
+/// model, written last).
+pub fn request_body(client_body: &[u8], upstream_model: &str, routing_field: &str) -> Result<Vec<u8>, ApiError> {
+    let unreadable = || {
+        ApiError::new(
+            500,
+            ErrorType::Upstream,
+            "internal_error",
+            "The request could not be read again.",
+        )
+    };
+    let text = std::str::from_utf8(client_body).map_err(|_| unreadable())?;
+    let members = Members::parse_str(text).map_err(|_| unreadable())?;
+    let mut body = Vec::with_capacity(client_body.len().saturating_add(64));
+    let mut w = ObjectWriter::new(&mut body);
+    for (name, value) in &members.0 {
+        if name != "model" && name != routing_field {
+            w.member(name, *value);
+        }
+    }
+    w.string("model", upstream_model);
+    w.finish();
+    Ok(body)
+}
+
+/// A provider's answer in the client's own API with `model` the client's,
+/// every other member byte for byte.
+pub fn answer_with_model(members: &Members<'_>, model: &str, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len.saturating_add(32));
+    let mut w = ObjectWriter::new(&mut out);
+    for (name, value) in &members.0 {
+        if name == "model" {
+            w.string("model", model);
+        } else {
+            w.member(name, *value);
+        }
+    }
+    w.finish();
+    out
+}
 
 /// The API the stream speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

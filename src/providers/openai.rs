@@ -228,17 +228,7 @@ pub fn responses_request(
     upstream_model: &str,
     routing_field: &str,
 ) -> Result<UpstreamRequest, ApiError> {
-    let text = std::str::from_utf8(client_body).map_err(|_| internal())?;
-    let members = Members::parse_str(text).map_err(|_| internal())?;
-    let mut body = Vec::with_capacity(client_body.len().saturating_add(64));
-    let mut w = ObjectWriter::new(&mut body);
-    for (name, value) in &members.0 {
-        if name != "model" && name != routing_field {
-            w.member(name, *value);
-        }
-    }
-    w.string("model", upstream_model);
-    w.finish();
+    let body = super::native::request_body(client_body, upstream_model, routing_field)?;
     Ok(UpstreamRequest {
         path: [provider.path_prefix.as_str(), "/responses"].concat(),
         headers: vec![("authorization".into(), ["Bearer ", provider.credential_text()].concat())],
@@ -267,17 +257,7 @@ pub fn responses_answer(body: &[u8], model: &str) -> Result<(Vec<u8>, Usage), St
         return Err("the answer is not a response object".into());
     }
     let usage = responses_usage(text).unwrap_or_default();
-    let mut out = Vec::with_capacity(body.len().saturating_add(32));
-    let mut w = ObjectWriter::new(&mut out);
-    for (name, value) in &members.0 {
-        if name == "model" {
-            w.string("model", model);
-        } else {
-            w.member(name, *value);
-        }
-    }
-    w.finish();
-    Ok((out, usage))
+    Ok((super::native::answer_with_model(&members, model, body.len()), usage))
 }
 
 #[cfg(test)]

@@ -16,8 +16,8 @@ use serde_json::value::RawValue;
 
 use super::{VERSION, WireUsage};
 use crate::config::Provider;
-use crate::errors::{ApiError, ErrorType, Header};
-use crate::json::members::{Members, ObjectWriter};
+use crate::errors::{ApiError, Header};
+use crate::json::members::Members;
 use crate::providers::UpstreamRequest;
 use crate::usage::Usage;
 
@@ -33,25 +33,7 @@ pub fn native_request(
     upstream_model: &str,
     routing_field: &str,
 ) -> Result<UpstreamRequest, ApiError> {
-    let unreadable = || {
-        ApiError::new(
-            500,
-            ErrorType::Upstream,
-            "internal_error",
-            "The request could not be read again.",
-        )
-    };
-    let text = std::str::from_utf8(client_body).map_err(|_| unreadable())?;
-    let members = Members::parse_str(text).map_err(|_| unreadable())?;
-    let mut body = Vec::with_capacity(client_body.len().saturating_add(64));
-    let mut w = ObjectWriter::new(&mut body);
-    for (name, value) in &members.0 {
-        if name != "model" && name != routing_field {
-            w.member(name, *value);
-        }
-    }
-    w.string("model", upstream_model);
-    w.finish();
+    let body = crate::providers::native::request_body(client_body, upstream_model, routing_field)?;
     let mut headers = vec![("x-api-key".to_string(), provider.credential_text().to_string())];
     for name in CLIENT_HEADERS {
         let sent = client_headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
@@ -94,16 +76,7 @@ pub fn native_answer(body: &[u8], model: &str) -> Result<(Vec<u8>, Usage), Strin
         return Err(format!("answer has type '{}', not 'message'", answer.kind));
     }
     let members = Members::parse_str(text).map_err(|e| e.to_string())?;
-    let mut out = Vec::with_capacity(body.len().saturating_add(32));
-    let mut w = ObjectWriter::new(&mut out);
-    for (name, value) in &members.0 {
-        if name == "model" {
-            w.string("model", model);
-        } else {
-            w.member(name, *value);
-        }
-    }
-    w.finish();
+    let out = crate::providers::native::answer_with_model(&members, model, body.len());
     Ok((out, usage_of(&answer.usage)))
 }
 

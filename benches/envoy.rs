@@ -191,6 +191,18 @@ const FALLBACK_TTFB_ADDED_MS: f64 = 5.0;
 /// The first Envoy with `retry_policy.refresh_cluster_on_retry`, which router fallback needs.
 const ROUTER_FALLBACK_SINCE: (u32, u32) = (1, 39);
 
+/// Issue #47: chat requests whose first candidate is dead, while it hangs past its
+/// `timeout_ms` (1 s, `bench/hang`) and while it answers 503 (`bench/down`), the second
+/// healthy; the same module with provider health on (the defaults) and off, each in an
+/// Envoy of its own.
+const DEAD_PROVIDER: Cell = Cell {
+    title: "dead provider c = 16",
+    concurrency: 16,
+    streaming: false,
+    requests: 192,
+};
+const DEAD_MODELS: [(&str, &str); 2] = [("first hangs", "bench/hang"), ("first answers 503", "bench/down")];
+
 /// The inbound APIs, each over the same provider answer: the same ~1 KB conversation
 /// as a chat completion, a Responses request and a Messages request, plain (c = 64) and
 /// streamed (the fake's long-18, c = 16), through the filter.
@@ -298,7 +310,13 @@ fn run() -> Result<(), Error> {
         Some(path) => {
             let copy = work.join("variant.wasm");
             std::fs::copy(&path, &copy).map_err(|e| format!("{VARIANT_ENV}={}: {e}", Path::new(&path).display()))?;
-            Some(envoy("envoy-variant", Some((&plugin, &copy)))?)
+            // A build from before provider health refuses the setting it does not know;
+            // it has none to turn off.
+            let mut older = plugin.clone();
+            if let Some(config) = older.as_object_mut() {
+                config.remove("health");
+            }
+            Some(envoy("envoy-variant", Some((&older, &copy)))?)
         }
         None => None,
     };
@@ -448,6 +466,28 @@ fn run() -> Result<(), Error> {
     let plain = measure(&rt, &CLIENT_APIS, &api_rows, CLIENT_APIS.round(seconds))?;
     print_cell(&CLIENT_APIS, &api_rows, &plain, &[], CLIENT_APIS.round(seconds));
     stream_cell(&rt, &CLIENT_API_STREAMS, &api_rows, seconds)?;
+
+    // The bench's plugin holds circuits shut (its fallback cell measures fallback itself);
+    // this cell runs the defaults against health off.
+    let mut healthy = plugin.clone();
+    healthy["health"] = json!({});
+    let health_on = envoy("envoy-health-on", Some((&healthy, &wasm)))?;
+    healthy["health"] = json!({"enabled": false});
+    let health_off = envoy("envoy-health-off", Some((&healthy, &wasm)))?;
+    let dead_rows = dead_provider_rows(&health_on, &health_off, &body);
+    let dead = measure(&rt, &DEAD_PROVIDER, &dead_rows, DEAD_PROVIDER.round(seconds))?;
+    print_cell(&DEAD_PROVIDER, &dead_rows, &dead, &[], DEAD_PROVIDER.round(seconds));
+    for (what, _) in DEAD_MODELS {
+        let p50 = |health: &str| {
+            let row = dead_rows.iter().position(|r| r.label == format!("health {health}, {what}"));
+            row.and_then(|i| dead.get(i)).map_or(f64::NAN, |m| m.stats.p(0.5) / 1e6)
+        };
+        println!(
+            "  {what}: p50 {:.2} ms with health on, {:.2} ms with it off",
+            p50("on"),
+            p50("off")
+        );
+    }
 
     // At rest after the run: the bootstrap's memory_allocator_manager gives free heap back
     // every second, and a proxy just started still holds the memory V8 took to compile its
@@ -1566,6 +1606,28 @@ fn fallback_rows(waygate: &Proc, router: Option<&Proc>, body: &Value) -> Vec<Row
         row(HTTP_CALL_FALLBACK, waygate, FALLBACK_MODEL),
     ];
     rows.extend(router.map(|r| row(ROUTER_FALLBACK, r, FALLBACK_MODEL)));
+    rows
+}
+
+/// The dead-provider cell's rows: each dead model through health on and health off.
+fn dead_provider_rows(on: &Proc, off: &Proc, body: &Value) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (what, model) in DEAD_MODELS {
+        for (health, proxy) in [("on", on), ("off", off)] {
+            let request = json!({"model": model, "messages": body["messages"], "max_tokens": 256});
+            rows.push(Row {
+                label: format!("health {health}, {what}"),
+                addr: proxy.addr,
+                chat: http(
+                    "/api/v1/chat/completions",
+                    &[("authorization", "Bearer wg-dev-key")],
+                    &request,
+                ),
+                stream: Vec::new(),
+                proxy: Some(proxy.pid()),
+            });
+        }
+    }
     rows
 }
 

@@ -271,7 +271,9 @@ PLUGIN_FIELDS = {
     "keys": list,
     "providers": list,
     "models": list,
+    "health": dict,
 }
+HEALTH_FIELDS = {"enabled": bool, "failures": "count", "cooldown_ms": "count", "max_cooldown_ms": "count"}
 KEY_FIELDS = {"id": str, "sha256": str, "models": list, "requests_per_minute": "count", "tokens_per_minute": "count"}
 PROVIDER_FIELDS = {
     "id": str,
@@ -359,6 +361,8 @@ def check_plugin_config(text: str, where: str, around: Surroundings, problems: P
         return
     if str(config.get("base_path", "/api/v1")).rstrip("/") == "" or not str(config.get("base_path", "/api/v1")).startswith("/"):
         problems.add(f"{where}.base_path", "must start with `/`")
+    if isinstance(config.get("health"), dict):
+        _typed_fields(config["health"], HEALTH_FIELDS, (), f"{where}.health", problems)
     key_ids = set()
     for i, key in enumerate(config.get("keys", []) if isinstance(config.get("keys"), list) else []):
         kw = f"{where}.keys[{i}]"

@@ -114,6 +114,10 @@ class CheckConfigsFails(unittest.TestCase):
         self.assert_fails("envoy/local-router.yaml", "fallback: must be one of http_call, router")
 
     # ---- the plugin configuration embedded in the bootstrap ---------------------------
+    def test_misspelled_health_field(self) -> None:
+        self.mutate("envoy/envoy.yaml", '"cooldown_ms": 30000', '"cooldown": 30000')
+        self.assert_fails("envoy/envoy.yaml", "health: unknown field `cooldown`")
+
     # ---- global limits (envoy/envoy.yaml) ----------------------------------------------
     def test_global_limits_without_the_rate_limit_filter(self) -> None:
         self.mutate("envoy/envoy.yaml", "domain: waygate", "domain: elsewhere")

@@ -19,6 +19,7 @@ use std::rc::Rc;
 
 use crate::config::Provider;
 use crate::errors::Header;
+use crate::record::{Outcome, Tried};
 
 /// Followed by `n`: the filter state naming attempt `n`'s cluster
 /// (`wasm.waygate_slot_<n>` in the route's matcher).
@@ -29,6 +30,8 @@ pub const SLOT_PROPERTY: &str = "waygate_slot_";
 pub struct Prepared {
     /// Its provider, whose cluster the router sends this attempt to.
     pub provider: Rc<Provider>,
+    /// The model the provider is asked for.
+    pub model: String,
     /// Headers this attempt sets (pseudo-headers, content type and length,
     /// the provider's credential).
     pub set: Vec<Header>,
@@ -55,10 +58,10 @@ pub struct Attempts {
     /// Removed before each attempt's own headers are set: what any attempt
     /// sets, and the headers the client's key came in.
     cleared: Vec<String>,
-    /// Per started attempt, in order: the provider and its outcome (the
-    /// status, or `error` until a response arrives: connect failures, resets
-    /// and timeouts never reach the upstream filter's response callback).
-    outcomes: Vec<(Rc<Provider>, String)>,
+    /// Per started attempt, in order: what it was and how it ended (failed
+    /// until a response arrives: connect failures, resets and timeouts never
+    /// reach the upstream filter's response callback).
+    outcomes: Vec<Tried>,
     /// The router's number of each entry of `outcomes`.
     started: Vec<usize>,
 }
@@ -110,7 +113,12 @@ impl Attempts {
         let prepared = self.prepared.get(n.checked_sub(1)?)?;
         if !self.started.contains(&n) {
             self.started.push(n);
-            self.outcomes.push((Rc::clone(&prepared.provider), "error".to_string()));
+            self.outcomes.push(Tried {
+                provider: Rc::clone(&prepared.provider),
+                model: prepared.model.clone(),
+                outcome: Outcome::Failed,
+                retry_after_ms: None,
+            });
         }
         let remove = self
             .cleared
@@ -126,16 +134,18 @@ impl Attempts {
         })
     }
 
-    /// Attempt `n` got response headers with `status`.
-    pub fn on_response(&mut self, n: usize, status: u16) {
+    /// Attempt `n` got response headers with `status` (and `retry_after_ms`,
+    /// [`crate::health::retry_after_ms`]).
+    pub fn on_response(&mut self, n: usize, status: u16, retry_after_ms: Option<u64>) {
         let at = self.started.iter().position(|s| *s == n);
-        if let Some(outcome) = at.and_then(|i| self.outcomes.get_mut(i)) {
-            outcome.1 = status.to_string();
+        if let Some(tried) = at.and_then(|i| self.outcomes.get_mut(i)) {
+            tried.outcome = Outcome::Status(status);
+            tried.retry_after_ms = retry_after_ms;
         }
     }
 
-    /// Every attempt started so far: provider and outcome, in order.
-    pub fn outcomes(&self) -> &[(Rc<Provider>, String)] {
+    /// Every attempt started so far, in order.
+    pub fn outcomes(&self) -> &[Tried] {
         &self.outcomes
     }
 }
@@ -159,6 +169,7 @@ mod tests {
                 timeout_ms: 1000,
                 default_max_tokens: 1024,
             }),
+            model: "m".into(),
             set: vec![
                 (":path".into(), format!("/{cluster}")),
                 (credential.0.into(), credential.1.into()),
@@ -200,16 +211,23 @@ mod tests {
             &[],
         );
         a.start(1);
-        a.on_response(1, 503);
+        a.on_response(1, 503, Some(2000));
         a.start(2);
         a.start(3);
-        a.on_response(3, 200);
-        let outcomes: Vec<(&str, &str)> = a
+        a.on_response(3, 200, None);
+        let outcomes: Vec<(&str, Outcome, Option<u64>)> = a
             .outcomes()
             .iter()
-            .map(|(p, o)| (p.cluster.as_str(), o.as_str()))
+            .map(|t| (t.provider.cluster.as_str(), t.outcome, t.retry_after_ms))
             .collect();
-        assert_eq!(outcomes, [("a", "503"), ("b", "error"), ("c", "200")]);
+        assert_eq!(
+            outcomes,
+            [
+                ("a", Outcome::Status(503), Some(2000)),
+                ("b", Outcome::Failed, None),
+                ("c", Outcome::Status(200), None)
+            ]
+        );
         assert_eq!(a.provider(2).map(|p| p.cluster.as_str()), Some("b"));
         assert!(a.provider(4).is_none());
     }

@@ -72,6 +72,30 @@ pub struct Config {
     /// provider is held, never looked up again.
     pub providers: Vec<Rc<Provider>>,
     pub models: Vec<Model>,
+    pub health: Health,
+}
+
+/// The providers' circuits (contract "Health"; [`crate::health`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    pub enabled: bool,
+    /// Consecutive failures that open a circuit.
+    pub failures: u32,
+    /// How long a circuit first stays open; each reopening without a
+    /// close in between doubles it, up to `max_cooldown_ms`.
+    pub cooldown_ms: u64,
+    pub max_cooldown_ms: u64,
+}
+
+impl Default for Health {
+    fn default() -> Health {
+        Health {
+            enabled: true,
+            failures: 3,
+            cooldown_ms: 30_000,
+            max_cooldown_ms: 300_000,
+        }
+    }
 }
 
 /// A client key: its digest, what it may use and its limits.
@@ -215,6 +239,43 @@ struct RawConfig {
     providers: Vec<RawProvider>,
     #[serde(default)]
     models: Vec<RawModel>,
+    health: Option<RawHealth>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    enabled: Option<bool>,
+    #[serde(default, deserialize_with = "whole_number")]
+    failures: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
+    cooldown_ms: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
+    max_cooldown_ms: Option<u64>,
+}
+
+impl RawHealth {
+    fn validate(self, problems: &mut Vec<String>) -> Health {
+        let default = Health::default();
+        let failures = self.failures.unwrap_or(u64::from(default.failures));
+        if failures == 0 || failures > 1000 {
+            problems.push("health.failures: must be between 1 and 1000".into());
+        }
+        let cooldown_ms = self.cooldown_ms.unwrap_or(default.cooldown_ms);
+        if cooldown_ms == 0 {
+            problems.push("health.cooldown_ms: must be at least 1".into());
+        }
+        let max_cooldown_ms = self.max_cooldown_ms.unwrap_or(default.max_cooldown_ms.max(cooldown_ms));
+        if max_cooldown_ms < cooldown_ms {
+            problems.push("health.max_cooldown_ms: must be at least cooldown_ms".into());
+        }
+        Health {
+            enabled: self.enabled.unwrap_or(default.enabled),
+            failures: u32::try_from(failures).unwrap_or(u32::MAX),
+            cooldown_ms,
+            max_cooldown_ms,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -311,6 +372,7 @@ impl RawConfig {
         let providers = validate_providers(self.providers, env, &mut problems);
         let models = validate_models(self.models, &providers, &mut problems);
         let keys = validate_keys(self.keys, &mut problems);
+        let health = self.health.map_or_else(Health::default, |h| h.validate(&mut problems));
 
         if !problems.is_empty() {
             return Err(problems);
@@ -326,6 +388,7 @@ impl RawConfig {
             keys,
             providers,
             models,
+            health,
         })
     }
 }

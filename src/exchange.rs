@@ -24,6 +24,7 @@ use crate::auth;
 use crate::config::{Api, Config, Fallback, Limits, Provider};
 use crate::errors::{ApiError, ErrorType, Header};
 use crate::headers::{ResponseHead, header_in, is_json, names_where, printable};
+use crate::health;
 use crate::ids::new_id;
 use crate::inbound::{Client, ClientApi, ClientStream, messages, responses};
 use crate::limits::{self, SharedStore};
@@ -31,7 +32,7 @@ use crate::metrics;
 use crate::models;
 use crate::providers::anthropic;
 use crate::providers::{self, UpstreamRequest};
-use crate::record::Record;
+use crate::record::{Outcome, Record, Tried};
 use crate::redact::{self, Secret};
 use crate::request::{self, Operation, ParsedRequest};
 use crate::routing::{self, Candidate};
@@ -200,7 +201,7 @@ impl Plan {
         asked: &Asked,
         routing_field: &str,
         refusal: &mut Option<ApiError>,
-    ) -> Option<(Rc<Provider>, UpstreamRequest)> {
+    ) -> Option<(Rc<Provider>, String, UpstreamRequest)> {
         if self.tries_left == 0 {
             return None;
         }
@@ -212,7 +213,7 @@ impl Plan {
             match built {
                 Ok(upstream) => {
                     self.tries_left -= 1;
-                    return Some((provider, upstream));
+                    return Some((provider, candidate.upstream_model, upstream));
                 }
                 Err(e) => {
                     log::info!("provider {} skipped: {}", provider.id, e.message);
@@ -233,11 +234,12 @@ enum Next {
     Router(Rc<RefCell<Attempts>>),
 }
 
-/// A request on its way: what was asked, the provider serving it now, and
-/// how a failure goes on.
+/// A request on its way: what was asked, the provider serving it now (and
+/// the model it is asked for), and how a failure goes on.
 struct Routed {
     asked: Asked,
     provider: Rc<Provider>,
+    model: String,
     next: Next,
 }
 
@@ -281,6 +283,9 @@ pub struct Exchange {
     record: Record,
     /// The API the client called: its errors are in that API's envelope.
     api: ClientApi,
+    /// A live stream has passed bytes on: Envoy cutting it now is not a
+    /// failure before its first byte (health).
+    streamed: bool,
 }
 
 const HOP_HEADERS_TO_DROP: [&str; 3] = ["authorization", "accept-encoding", "content-length"];
@@ -331,6 +336,7 @@ impl Exchange {
             state: State::Start,
             record: Record::default(),
             api: ClientApi::Chat,
+            streamed: false,
         }
     }
 
@@ -483,9 +489,10 @@ impl Exchange {
         if end_of_stream { BodyStep::Read } else { BodyStep::Wait }
     }
 
-    /// The whole request body is here. `now` is unix seconds.
-    /// `store` holds the per-key limit counters shared by every worker.
-    pub fn on_request_body(&mut self, body: &[u8], now: u64, store: &mut dyn SharedStore) -> Result<Forward, Reply> {
+    /// The whole request body is here. `now_ms` is unix milliseconds.
+    /// `store` holds what every worker shares: the per-key limit counters
+    /// and the providers' health.
+    pub fn on_request_body(&mut self, body: &[u8], now_ms: u64, store: &mut dyn SharedStore) -> Result<Forward, Reply> {
         let State::Reading {
             api,
             key_headers,
@@ -500,7 +507,7 @@ impl Exchange {
                 Err(e) => self.reply_error(&e),
             });
         }
-        match self.route(api, &key_headers, api_headers, body, now, store) {
+        match self.route(api, &key_headers, api_headers, body, now_ms, store) {
             Ok((routed, forward)) => {
                 self.state = State::Upstream(routed);
                 Ok(forward)
@@ -538,10 +545,11 @@ impl Exchange {
         key_headers: &[String],
         api_headers: Vec<Header>,
         body: &[u8],
-        now: u64,
+        now_ms: u64,
         store: &mut dyn SharedStore,
     ) -> Result<(Routed, Forward), ApiError> {
         let cfg = Rc::clone(&self.config);
+        let now = now_ms / 1000;
         if u64::try_from(body.len()).unwrap_or(u64::MAX) > cfg.max_request_bytes {
             return Err(too_large(cfg.max_request_bytes));
         }
@@ -582,8 +590,11 @@ impl Exchange {
             .filter(|c| c.provider.credential.is_none())
             .map(|c| c.provider.id.clone())
             .collect();
+        // Candidates with an open circuit go last (contract "Health").
+        let (candidates, ticket) = health::arrange(store, &cfg.health, routing::plan(defaults, &directive), now_ms);
+        self.record.health = ticket;
         let mut plan = Plan {
-            candidates: routing::plan(defaults, &directive).into_iter(),
+            candidates: candidates.into_iter(),
             tries_left: routing::max_tries(&cfg, &directive),
         };
         let stamp = Stamp {
@@ -602,28 +613,35 @@ impl Exchange {
 
         if cfg.fallback == Fallback::Router {
             let mut prepared: Vec<Prepared> = Vec::new();
-            while let Some((provider, upstream)) = plan.next(&asked, &cfg.routing_field, &mut refusal) {
+            while let Some((provider, model, upstream)) = plan.next(&asked, &cfg.routing_field, &mut refusal) {
                 let (set, body) = request_headers(&provider, upstream);
-                prepared.push(Prepared { provider, set, body });
+                prepared.push(Prepared {
+                    provider,
+                    model,
+                    set,
+                    body,
+                });
             }
-            let Some(first) = prepared.first().map(|p| Rc::clone(&p.provider)) else {
+            let Some((first, model)) = prepared.first().map(|p| (Rc::clone(&p.provider), p.model.clone())) else {
                 return Err(refusal.unwrap_or_else(|| routing::no_provider(&asked.request.model, &keyless)));
             };
             let (forward, attempts) = route_attempts(prepared, key_headers, properties);
             let routed = Routed {
                 asked,
                 provider: first,
+                model,
                 next: Next::Router(attempts),
             };
             return Ok((routed, forward));
         }
-        let Some((provider, upstream)) = plan.next(&asked, &cfg.routing_field, &mut refusal) else {
+        let Some((provider, model, upstream)) = plan.next(&asked, &cfg.routing_field, &mut refusal) else {
             return Err(refusal.unwrap_or_else(|| routing::no_provider(&asked.request.model, &keyless)));
         };
         let forward = forward(&cfg, &provider, upstream, key_headers, properties);
         let routed = Routed {
             asked,
             provider,
+            model,
             next: Next::Call(plan),
         };
         Ok((routed, forward))
@@ -679,13 +697,17 @@ impl Exchange {
                 // The router has made every attempt already; this is the last one's answer.
                 let outcomes = attempts.borrow().outcomes().to_vec();
                 match outcomes.last() {
-                    Some((provider, _)) => routed.provider = Rc::clone(provider),
-                    None => self.record_attempt(&routed.provider, head.status, true),
+                    Some(last) => {
+                        routed.provider = Rc::clone(&last.provider);
+                        routed.model.clone_from(&last.model);
+                    }
+                    None => self.record_attempt(&routed, head.status, true, None),
                 }
                 self.record.attempts.extend(outcomes);
             }
             Next::Call(_) => {
-                self.record_attempt(&routed.provider, head.status, router_error);
+                let retry_after = health::retry_after_ms(head.retry_after.as_deref());
+                self.record_attempt(&routed, head.status, router_error, retry_after);
                 if retryable(head.status, router_error)
                     && let Some(call) = self.next_call(&mut routed)
                 {
@@ -748,7 +770,7 @@ impl Exchange {
         let Next::Call(plan) = &mut routed.next else {
             return None;
         };
-        let (provider, upstream) = plan.next(&routed.asked, &self.config.routing_field, &mut None)?;
+        let (provider, model, upstream) = plan.next(&routed.asked, &self.config.routing_field, &mut None)?;
         let mut headers: Vec<Header> = vec![
             (":method".into(), "POST".into()),
             (":path".into(), upstream.path),
@@ -763,6 +785,7 @@ impl Exchange {
             timeout_ms: provider.timeout_ms,
         };
         routed.provider = provider;
+        routed.model = model;
         Some(call)
     }
 
@@ -776,7 +799,8 @@ impl Exchange {
         // An http_call reports Envoy's own failures as ordinary responses;
         // only the router's text tells a connect failure or timeout apart.
         let router_error = head.status == 0 || is_envoy_local_reply(head.status, body);
-        self.record_attempt(&routed.provider, head.status, router_error);
+        let retry_after = health::retry_after_ms(head.retry_after.as_deref());
+        self.record_attempt(&routed, head.status, router_error, retry_after);
         if retryable(head.status, router_error)
             && let Some(call) = self.next_call(&mut routed)
         {
@@ -805,7 +829,7 @@ impl Exchange {
         let State::Calling(routed) = std::mem::replace(&mut self.state, State::Done) else {
             return self.rewrite_error(&internal("call answer in an unexpected phase"), false);
         };
-        self.record_attempt(&routed.provider, status, false);
+        self.record_attempt(&routed, status, false, None);
         self.rewrite_error(&self.answer_too_large(), false)
     }
 
@@ -861,13 +885,17 @@ impl Exchange {
         scrubbed
     }
 
-    fn record_attempt(&mut self, provider: &Rc<Provider>, status: u16, router_error: bool) {
-        let outcome = if router_error {
-            "error".to_string()
-        } else {
-            status.to_string()
-        };
-        self.record.attempts.push((Rc::clone(provider), outcome));
+    fn record_attempt(&mut self, routed: &Routed, status: u16, router_error: bool, retry_after_ms: Option<u64>) {
+        self.record.attempts.push(Tried {
+            provider: Rc::clone(&routed.provider),
+            model: routed.model.clone(),
+            outcome: if router_error {
+                Outcome::Failed
+            } else {
+                Outcome::Status(status)
+            },
+            retry_after_ms,
+        });
     }
 
     /// A chunk of a live stream; the bytes that replace it go to `out`.
@@ -876,6 +904,7 @@ impl Exchange {
             return;
         };
         // The rewriter scrubs the provider's credential itself (new_rewriter).
+        self.streamed |= !chunk.is_empty();
         rewriter.push(chunk, out);
         if end_of_stream {
             rewriter.finish(out);
@@ -911,8 +940,14 @@ impl Exchange {
                 return;
             }
         };
-        if let Some((_, outcome)) = self.record.attempts.last_mut() {
-            *outcome = "error".into();
+        // A stream that ends before its first byte failed as a held answer does.
+        let cut_after_first_byte = !held && self.streamed;
+        if let Some(last) = self.record.attempts.last_mut() {
+            last.outcome = if cut_after_first_byte {
+                Outcome::Cut
+            } else {
+                Outcome::Failed
+            };
         }
         if held {
             let e = if timeout {
@@ -1108,7 +1143,7 @@ impl Exchange {
     fn serving(&self) -> Option<&Rc<Provider>> {
         match &self.state {
             State::Upstream(r) | State::Calling(r) | State::Buffering(r, _) => Some(&r.provider),
-            _ => self.record.attempts.last().map(|(p, _)| p),
+            _ => self.record.attempts.last().map(|t| &t.provider),
         }
     }
 
@@ -1118,7 +1153,7 @@ impl Exchange {
     fn sent_credentials(&self) -> Vec<&Secret> {
         // A handful of providers at most: no sort (its code would be kilobytes of the module).
         let mut sent: Vec<&Secret> = Vec::new();
-        for p in self.record.attempts.iter().map(|(p, _)| p).chain(self.serving()) {
+        for p in self.record.attempts.iter().map(|t| &t.provider).chain(self.serving()) {
             if let Some(credential) = &p.credential
                 && credential.worth_scrubbing()
                 && !sent.contains(&credential)
@@ -1173,12 +1208,13 @@ impl Exchange {
     /// calls `on_log` even when the client went away). Counts the answer's
     /// tokens against the key's limit (a stream that ran past the limit
     /// finishes; the next request is refused), and says what the request
-    /// adds to the stats and the access log. `None` for a request passed
-    /// through. `now` is unix seconds.
+    /// adds to the stats and the access log; every attempt's outcome goes
+    /// to its provider's health. `None` for a request passed through.
+    /// `now_ms` is unix milliseconds.
     pub fn on_log(
         &mut self,
         store: &mut dyn SharedStore,
-        now: u64,
+        now_ms: u64,
         timing: metrics::Timing,
         duration_ms: u64,
         open: &mut metrics::OpenLabels,
@@ -1188,7 +1224,26 @@ impl Exchange {
         }
         let record = &self.record;
         if let (Some(_), Some(usage), Some(key)) = (record.standing, record.usage, &record.key) {
-            limits::record_tokens(store, key, now, usage.total());
+            limits::record_tokens(store, key, now_ms / 1000, usage.total());
+        }
+        let changes = health::report(store, &self.config.health, &record.attempts, &record.health, now_ms);
+        for change in &changes {
+            let circuit = match change.scope {
+                health::Scope::Provider => String::new(),
+                _ => format!(" {}", redact::log_field(&change.name)),
+            };
+            match change.opened_for {
+                Some(ms) => log::warn!(
+                    "circuit opened: provider {} {}{circuit}, for {ms} ms",
+                    change.provider.id,
+                    change.scope.as_str()
+                ),
+                None => log::info!(
+                    "circuit closed: provider {} {}{circuit}",
+                    change.provider.id,
+                    change.scope.as_str()
+                ),
+            }
         }
         let served_by = if record.attempts.is_empty() {
             None
@@ -1196,7 +1251,8 @@ impl Exchange {
             self.served_by()
         };
         let summary = record.summary(served_by);
-        let metrics = metrics::updates(&summary, timing, open);
+        let mut metrics = metrics::updates(&summary, timing, open);
+        metrics.extend(metrics::circuit_updates(&record.health, &changes, open));
         Some(Log {
             metrics,
             line: record.access_line(self.served_by(), duration_ms),
@@ -1434,7 +1490,11 @@ mod tests {
         assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
         let body = json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
         let forward = ex
-            .on_request_body(body.to_string().as_bytes(), 1_700_000_000, &mut MemoryStore::default())
+            .on_request_body(
+                body.to_string().as_bytes(),
+                1_700_000_000_000,
+                &mut MemoryStore::default(),
+            )
             .unwrap();
         assert!(replaced_or_removed(&forward, "authorization"), "{forward:?}");
         ex
@@ -1762,7 +1822,7 @@ mod tests {
                     .set
                     .contains(&("authorization".into(), format!("Bearer {SECRET}")))
             );
-            all.on_response(1, 503);
+            all.on_response(1, 503, None);
             let second = all.start(2).unwrap();
             assert!(
                 second.set.contains(&(":path".into(), "/v1/messages".into())),
@@ -1772,7 +1832,7 @@ mod tests {
             assert!(second.remove.iter().any(|r| r == "authorization"), "{second:?}");
             assert!(text(second.body).contains("\"model\":\"b\""), "{}", text(second.body));
         }
-        routed.borrow_mut().on_response(2, 200);
+        routed.borrow_mut().on_response(2, 200, None);
 
         // The answer the client gets is the second one's, streamed and translated.
         let action = ex
@@ -1815,7 +1875,7 @@ mod tests {
             HeadersAction::ReadBody
         );
         let body = json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}]});
-        ex.on_request_body(body.to_string().as_bytes(), 1_700_000_000, store)
+        ex.on_request_body(body.to_string().as_bytes(), 1_700_000_000_000, store)
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub mod errors;
 pub mod exchange;
 pub mod glob;
 pub mod headers;
+pub mod health;
 pub mod ids;
 pub mod inbound;
 pub mod json;

@@ -18,12 +18,16 @@
 
 use std::borrow::Cow;
 
+use crate::health::{Change, Scope, Ticket};
+use crate::record::Outcome;
 use crate::usage::Usage;
 
 /// A stat kind, as the ABI numbers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Counter,
+    /// Set to the value (a circuit's state).
+    Gauge,
     Histogram,
 }
 
@@ -32,7 +36,7 @@ pub enum Kind {
 pub struct Update {
     pub kind: Kind,
     pub name: String,
-    /// Counter increment (> 0) or histogram sample.
+    /// Counter increment (> 0), gauge value or histogram sample.
     pub value: u64,
 }
 
@@ -42,8 +46,8 @@ pub struct Summary<'a> {
     pub key: Option<&'a str>,
     pub model: Option<&'a str>,
     pub provider: Option<&'a str>,
-    /// Every attempt: provider id and outcome (`200`, `503`, `error`).
-    pub attempts: Vec<(&'a str, &'a str)>,
+    /// Every attempt: provider id and outcome.
+    pub attempts: Vec<(&'a str, Outcome)>,
     pub status: u16,
     pub error_code: Option<&'a str>,
     pub usage: Option<Usage>,
@@ -148,7 +152,7 @@ pub fn updates(s: &Summary<'_>, t: Timing, open: &mut OpenLabels) -> Vec<Update>
     let mut out = Vec::with_capacity(8);
     out.push(counter(stat(&["waygate.requests", provider, class]), 1));
     for (p, outcome) in &s.attempts {
-        out.push(counter(stat(&["waygate.attempts", &label(p), &label(outcome)]), 1));
+        out.push(counter(stat(&["waygate.attempts", &label(p), &outcome.text()]), 1));
     }
     if s.attempts.len() > 1 {
         out.push(counter(
@@ -189,6 +193,68 @@ pub fn updates(s: &Summary<'_>, t: Timing, open: &mut OpenLabels) -> Vec<Update>
     out
 }
 
+/// A circuit's `state` gauge: closed.
+pub const CIRCUIT_CLOSED: u64 = 0;
+/// Open (cooling, or waiting for a probe).
+pub const CIRCUIT_OPEN: u64 = 1;
+/// A probe is out.
+pub const CIRCUIT_PROBING: u64 = 2;
+
+/// The stats of the providers' circuits one request adds, each named
+/// `waygate.circuit.<provider>.<scope>[.<credential id or model>].<stat>`:
+/// `skips` for each open circuit of a candidate passed over, `probes` for
+/// each one this request probed, `opens` for each that opened, and the
+/// `state` gauge of each that changed.
+pub fn circuit_updates(ticket: &Ticket, changes: &[Change], open: &mut OpenLabels) -> Vec<Update> {
+    let mut out = Vec::new();
+    let mut name = |provider: &str, scope: Scope, circuit: &str, stat_name: &str| {
+        let provider = label(provider);
+        match scope {
+            Scope::Provider => stat(&["waygate.circuit", &provider, scope.as_str(), stat_name]),
+            Scope::Credential => stat(&["waygate.circuit", &provider, scope.as_str(), &label(circuit), stat_name]),
+            Scope::Endpoint => {
+                let model = OpenLabels::bounded(&mut open.models, label(circuit));
+                stat(&["waygate.circuit", &provider, scope.as_str(), &model, stat_name])
+            }
+        }
+    };
+    for held in &ticket.deferred {
+        for (scope, circuit) in &held.open {
+            out.push(counter(name(&held.provider.id, *scope, circuit, "skips"), 1));
+        }
+    }
+    for (held, _) in &ticket.probes {
+        for (scope, circuit) in &held.open {
+            out.push(counter(name(&held.provider.id, *scope, circuit, "probes"), 1));
+            out.push(gauge(
+                name(&held.provider.id, *scope, circuit, "state"),
+                CIRCUIT_PROBING,
+            ));
+        }
+    }
+    for change in changes {
+        let p = &change.provider.id;
+        if change.opened_for.is_some() {
+            out.push(counter(name(p, change.scope, &change.name, "opens"), 1));
+        }
+        let state = if change.opened_for.is_some() {
+            CIRCUIT_OPEN
+        } else {
+            CIRCUIT_CLOSED
+        };
+        out.push(gauge(name(p, change.scope, &change.name, "state"), state));
+    }
+    out
+}
+
+fn gauge(name: String, value: u64) -> Update {
+    Update {
+        kind: Kind::Gauge,
+        name,
+        value,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,7 +265,7 @@ mod tests {
             key: Some("team-a"),
             model: Some("meta-llama/llama-3.1-70b"),
             provider: Some("groq"),
-            attempts: vec![("openai", "503"), ("groq", "200")],
+            attempts: vec![("openai", Outcome::Status(503)), ("groq", Outcome::Status(200))],
             status: 200,
             error_code: None,
             usage: Some(Usage {

@@ -5,6 +5,7 @@
 use std::rc::Rc;
 
 use crate::config::{Key, Provider};
+use crate::health::Ticket;
 use crate::limits::Standing;
 use crate::metrics;
 use crate::redact;
@@ -14,6 +15,39 @@ use crate::usage::Usage;
 /// completion tokens, what a token budget of Envoy's rate limit filter is charged.
 pub const TOTAL_TOKENS_PROPERTY: &str = "waygate_total_tokens";
 
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The provider answered with this status.
+    Status(u16),
+    /// Envoy's own failure before the answer's first byte: a connect
+    /// failure, a reset or a timeout.
+    Failed,
+    /// A stream Envoy cut after its first byte (a reset, a timeout).
+    Cut,
+}
+
+impl Outcome {
+    /// As the access log and `x-waygate-attempts` give it: the status, or
+    /// `error` for every failure of Envoy's.
+    pub fn text(self) -> String {
+        match self {
+            Outcome::Status(status) => status.to_string(),
+            Outcome::Failed | Outcome::Cut => "error".into(),
+        }
+    }
+}
+
+/// One attempt: the provider, the model it was asked for, how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tried {
+    pub provider: Rc<Provider>,
+    pub model: String,
+    pub outcome: Outcome,
+    /// A `retry-after` of whole seconds the answer carried, in milliseconds.
+    pub retry_after_ms: Option<u64>,
+}
+
 /// What is known of the request so far. Every `None` is a request that
 /// ended before the fact was known.
 #[derive(Default)]
@@ -22,8 +56,10 @@ pub struct Record {
     pub title: Option<String>,
     pub referer: Option<String>,
     pub model: Option<String>,
-    /// Every attempt made: its provider and outcome (a status, or `error`).
-    pub attempts: Vec<(Rc<Provider>, String)>,
+    /// Every attempt made, in order.
+    pub attempts: Vec<Tried>,
+    /// What planning read of the providers' health and claimed.
+    pub health: Ticket,
     pub status: u16,
     /// The contract code of the error answered, if any.
     pub error_code: Option<String>,
@@ -39,7 +75,11 @@ impl Record {
             key: self.key.as_ref().map(|k| k.id.as_str()),
             model: self.model.as_deref(),
             provider,
-            attempts: self.attempts.iter().map(|(p, o)| (p.id.as_str(), o.as_str())).collect(),
+            attempts: self
+                .attempts
+                .iter()
+                .map(|t| (t.provider.id.as_str(), t.outcome))
+                .collect(),
             status: self.status,
             error_code: self.error_code.as_deref(),
             usage: self.usage,
@@ -84,16 +124,26 @@ impl Record {
     }
 
     /// `provider:outcome` for every attempt, comma-separated (the access
-    /// line, `x-waygate-attempts`).
+    /// line, `x-waygate-attempts`), after `provider:open` for every candidate
+    /// passed over for an open circuit and not tried after all.
     pub fn attempt_list(&self) -> String {
         let mut list = String::new();
-        for (provider, outcome) in &self.attempts {
+        let passed_over = (self.health.deferred.iter())
+            .filter(|d| {
+                !self
+                    .attempts
+                    .iter()
+                    .any(|t| t.provider.id == d.provider.id && t.model == d.model)
+            })
+            .map(|d| (&d.provider, "open".to_string()));
+        let tried = self.attempts.iter().map(|t| (&t.provider, t.outcome.text()));
+        for (provider, outcome) in passed_over.chain(tried) {
             if !list.is_empty() {
                 list.push(',');
             }
             list.push_str(&provider.id);
             list.push(':');
-            list.push_str(outcome);
+            list.push_str(&outcome);
         }
         list
     }
@@ -104,14 +154,13 @@ impl Record {
         let list: Vec<String> = self
             .attempts
             .iter()
-            .map(|(p, outcome)| {
+            .map(|t| {
                 // `error` is every failure of Envoy's: its timeouts too.
-                let outcome = if outcome == "error" {
-                    "connect failure, reset or timeout"
-                } else {
-                    outcome
+                let outcome = match t.outcome {
+                    Outcome::Status(status) => status.to_string(),
+                    Outcome::Failed | Outcome::Cut => "connect failure, reset or timeout".into(),
                 };
-                format!("{}: {outcome}", p.id)
+                format!("{}: {outcome}", t.provider.id)
             })
             .collect();
         list.join(", ")

@@ -20,6 +20,14 @@ fn ask(gw: &Gateway, routing: Option<Value>) -> Response {
     gw.chat(body)
 }
 
+/// `config` without provider health (contract "Health"), for tests that ask
+/// a failing provider more often than its circuit takes to open, about
+/// fallback itself (tests/health.rs has the circuits).
+fn without_health(mut config: Value) -> Value {
+    config["health"] = json!({"enabled": false});
+    config
+}
+
 fn served(r: &Response, provider: &str, attempts: &str) {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-waygate-provider"), Some(provider), "{:?}", r.headers);
@@ -102,7 +110,8 @@ fn fallback_crosses_apis_both_ways_streaming_and_not() {
             "fakeanthropic",
         ),
     ] {
-        let gw = Gateway::with_config(&chain_config(&chain));
+        // A 429 with retry-after would open its circuit at once.
+        let gw = Gateway::with_config(&without_health(chain_config(&chain)));
         let r = ask(&gw, None);
         served(&r, provider, attempts);
         assert_eq!(
@@ -197,7 +206,7 @@ fn allow_fallbacks_false_keeps_to_the_preferred_providers() {
 #[test]
 fn max_provider_tries_bounds_the_attempts() {
     let chain = [("fake", "status-503"), ("fakechat", "status-503"), ("backup", "ok")];
-    let gw = Gateway::with_config(&chain_config(&chain));
+    let gw = Gateway::with_config(&without_health(chain_config(&chain)));
     let r = ask(&gw, Some(json!({"max_provider_tries": 1})));
     r.assert_error(502, "upstream_error", "upstream_error", None);
     assert_eq!(r.header("x-waygate-attempts"), Some("fake:503"));

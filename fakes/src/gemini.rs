@@ -71,6 +71,7 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>, model: &str, stream
     let config = |key: &str| generation.and_then(|g| g.get(key).or_else(|| g.get(snake(key).as_str())));
     match directive {
         Directive::Status(code) => return status_error(code),
+        Directive::Limited(seconds) => return status_error(429).replace_header("retry-after", &seconds.to_string()),
         Directive::Garbage => return garbage(sse),
         Directive::StreamError if !stream => return status_error(503),
         _ => {}

@@ -10,7 +10,7 @@
 //!
 //! Each answers in the provider's own shapes (see `tests/fixtures/<provider>/`), checks
 //! credentials and required fields like the real API, and is steered by the model name:
-//! `ok`, `status-NNN`, `slow-MS`, `cut-N`, `garbage`, `echo`, `tool`, `tools`, `agent`, `json`,
+//! `ok`, `status-NNN`, `limited-S`, `slow-MS`, `cut-N`, `garbage`, `echo`, `tool`, `tools`, `agent`, `json`,
 //! `long-N`, `stream-error` (any prefix ending in `-` is allowed; unknown names are `ok`).
 //! In tests every request received is recorded ([`FakeProviders::received`]); the
 //! standalone server ([`run_blocking`]) keeps nothing, so it can serve for days.

@@ -75,6 +75,7 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>, chat: bool) -> Repl
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     match directive {
         Directive::Status(code) => return status_error(code),
+        Directive::Limited(seconds) => return status_error(429).replace_header("retry-after", &seconds.to_string()),
         Directive::Garbage => return garbage(stream),
         Directive::StreamError if !stream => return status_error(500),
         _ => {}

@@ -92,6 +92,12 @@ impl Reply {
         self
     }
 
+    /// Replaces every header `name` with one of `value`.
+    pub fn replace_header(mut self, name: &str, value: &str) -> Reply {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self.header(name, value)
+    }
+
     /// Waits `ms` milliseconds before the headers.
     pub fn delayed(mut self, ms: u64) -> Reply {
         self.delay_ms = ms;

@@ -11,6 +11,8 @@ pub(crate) enum Directive {
     Ok,
     /// `status-NNN`: answer status NNN with the provider's native error body.
     Status(u16),
+    /// `limited-S`: answer 429 with `retry-after: S` (seconds).
+    Limited(u64),
     /// `slow-MS`: wait MS milliseconds before sending the response headers.
     Slow(u64),
     /// `cut-N`: stream N events then close the connection; non-stream: half a body.
@@ -82,6 +84,7 @@ fn parse_exact(s: &str) -> Option<Directive> {
             .ok()
             .map(|ms| Directive::Slow(ms.min(MAX_SLOW_MS))),
         "cut" => number.parse::<usize>().ok().map(Directive::Cut),
+        "limited" => number.parse::<u64>().ok().map(Directive::Limited),
         "long" => number
             .parse::<usize>()
             .ok()
@@ -101,6 +104,7 @@ mod tests {
         assert_eq!(parse("claude-status-529"), Directive::Status(529));
         assert_eq!(parse("gpt-4o-cut-3"), Directive::Cut(3));
         assert_eq!(parse("slow-250"), Directive::Slow(250));
+        assert_eq!(parse("limited-2"), Directive::Limited(2));
         assert_eq!(parse("long-5"), Directive::Long(5));
         assert_eq!(parse("x-stream-error"), Directive::StreamError);
         assert_eq!(parse("models/echo"), Directive::Echo);

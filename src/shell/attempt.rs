@@ -17,6 +17,8 @@ use super::host::{self, Buffer, Map};
 use super::routed::{self, Miss, TOKEN_PROPERTY};
 use crate::attempts::Attempts;
 use crate::errors::{ApiError, ErrorType};
+use crate::headers::ResponseHead;
+use crate::health;
 
 /// The header Envoy's router numbers its attempts with (the route's virtual
 /// host sets `include_request_attempt_count`); absent means the first.
@@ -119,7 +121,13 @@ impl HttpContext for Attempt {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Some((attempts, n)) = &self.routed {
-            attempts.borrow_mut().on_response(*n, host::status(Map::Response));
+            // One read of the map: the status, and when to come back (health).
+            let pairs = host::header_map(Map::Response).map(|map| ResponseHead::read(&map.pairs()));
+            let (status, retry_after) = match pairs {
+                Ok(head) => (head.status, health::retry_after_ms(head.retry_after.as_deref())),
+                Err(_) => (0, None),
+            };
+            attempts.borrow_mut().on_response(*n, status, retry_after);
         }
         Action::Continue
     }

@@ -224,6 +224,7 @@ pub fn apply_metric(update: &crate::metrics::Update) -> Result<(), Status> {
     use crate::metrics::Kind;
     let kind = match update.kind {
         Kind::Counter => 0,
+        Kind::Gauge => 1,
         Kind::Histogram => 2,
     };
     let known = METRICS.with(|m| m.borrow().get(&update.name).copied());
@@ -241,8 +242,8 @@ pub fn apply_metric(update: &crate::metrics::Update) -> Result<(), Status> {
         Kind::Counter if update.value == 0 => Ok(()),
         // SAFETY: plain integers.
         Kind::Counter => check(unsafe { proxy_increment_metric(id, i64::try_from(update.value).unwrap_or(i64::MAX)) }),
-        // SAFETY: plain integers.
-        Kind::Histogram => check(unsafe { proxy_record_metric(id, update.value) }),
+        // SAFETY: plain integers. Recording a gauge sets it.
+        Kind::Gauge | Kind::Histogram => check(unsafe { proxy_record_metric(id, update.value) }),
     }
 }
 

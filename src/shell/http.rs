@@ -294,7 +294,7 @@ impl HttpContext for Stream {
         let now = host::now_nanos();
         match self
             .exchange
-            .on_request_body(&body, now / 1_000_000_000, &mut host::SharedData)
+            .on_request_body(&body, now / 1_000_000, &mut host::SharedData)
         {
             Ok(forward) => match self.apply_forward(&forward, body_size) {
                 Ok(()) => {
@@ -476,13 +476,8 @@ impl HttpContext for Stream {
         let log = OPEN_LABELS.with(|open| {
             // Never busy: a VM runs one callback at a time.
             let mut open = open.try_borrow_mut().ok()?;
-            self.exchange.on_log(
-                &mut host::SharedData,
-                now / 1_000_000_000,
-                timing,
-                elapsed_ms,
-                &mut open,
-            )
+            self.exchange
+                .on_log(&mut host::SharedData, now / 1_000_000, timing, elapsed_ms, &mut open)
         });
         let Some(log) = log else {
             return;

@@ -48,6 +48,9 @@ impl RootContext for Root {
                 if config.limits == crate::config::Limits::Local {
                     crate::limits::prepare(&mut host::SharedData, &config.keys);
                 }
+                if config.health.enabled {
+                    crate::health::prepare(&mut host::SharedData, &config.providers);
+                }
                 self.config = Some(Rc::new(config));
                 true
             }

@@ -1,0 +1,213 @@
+//! Provider health across requests (contract "Health") through the compiled
+//! filter in real Envoy, in the run's fallback shape: a provider that answers
+//! 503, one that resets, one that hangs past its time and one that answers
+//! 429 with `retry-after`, each beside a healthy one; the whole cycle of a
+//! circuit (open, skip, probe, close) read from what the fakes received.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{Gateway, Response, chain_config};
+use serde_json::{Value, json};
+use waygate_fakes::FakeProviders;
+
+/// `chain/x` served by `endpoints` in order, circuits cooling for `cooldown_ms` first.
+fn config(endpoints: &[(&str, &str)], cooldown_ms: u64) -> Value {
+    let mut config = chain_config(endpoints);
+    config["health"] = json!({"cooldown_ms": cooldown_ms});
+    config
+}
+
+fn ask(gw: &Gateway) -> Response {
+    gw.chat(json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}]}))
+}
+
+/// Asserts the request was served by `provider` after `attempts`.
+fn served(r: &Response, provider: &str, attempts: &str) {
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-provider"), Some(provider), "{:?}", r.headers);
+    assert_eq!(r.header("x-waygate-attempts"), Some(attempts), "{:?}", r.headers);
+    assert_eq!(r.json()["object"], "chat.completion");
+}
+
+/// How many requests for upstream model `model` the fakes received.
+fn received(fakes: &FakeProviders, model: &str) -> usize {
+    fakes
+        .received()
+        .iter()
+        .filter(|r| r.body_json().is_some_and(|b| b["model"] == model))
+        .count()
+}
+
+/// A stat's value in Envoy's `/stats`; 0 when Envoy has not defined it.
+fn stat(gw: &Gateway, name: &str) -> u64 {
+    let all = gw.envoy.admin_get("/stats?filter=waygate.circuit");
+    // Envoy's text form keeps the `wasmcustom.` prefix it stores wasm stats under.
+    all.lines()
+        .find_map(|l| l.strip_prefix("wasmcustom.")?.strip_prefix(name)?.strip_prefix(": "))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// Sleeps until `since + ms` (and a margin) has passed.
+fn wait_past(since: Instant, ms: u64) {
+    let until = since + Duration::from_millis(ms + 150);
+    if let Some(left) = until.checked_duration_since(Instant::now()) {
+        std::thread::sleep(left);
+    }
+}
+
+#[test]
+fn a_provider_answering_503_is_passed_over_until_its_cooldown_then_probed_once() {
+    let gw = Gateway::with_config(&config(&[("fake", "status-503"), ("backup", "ok")], 1500));
+    for _ in 0..3 {
+        served(&ask(&gw), "backup", "fake:503,backup:200");
+    }
+    let opened = Instant::now();
+    // Open: no request goes to it while it cools down.
+    for _ in 0..5 {
+        served(&ask(&gw), "backup", "fake:open,backup:200");
+    }
+    assert_eq!(received(&gw.fakes, "status-503"), 3);
+    assert_eq!(received(&gw.fakes, "ok"), 8);
+    let prefix = "waygate.circuit.fake";
+    assert_eq!(stat(&gw, &format!("{prefix}.endpoint.status-503.opens")), 1);
+    assert_eq!(stat(&gw, &format!("{prefix}.credential.0.opens")), 1);
+    assert_eq!(stat(&gw, &format!("{prefix}.endpoint.status-503.state")), 1);
+    assert_eq!(stat(&gw, &format!("{prefix}.endpoint.status-503.skips")), 5);
+    assert!(
+        gw.logs()
+            .contains("circuit opened: provider fake endpoint status-503, for 1500 ms"),
+        "{}",
+        gw.logs()
+    );
+    // Cooled down: exactly one probe, which fails and opens it for twice as long.
+    wait_past(opened, 1500);
+    served(&ask(&gw), "backup", "fake:503,backup:200");
+    let reopened = Instant::now();
+    served(&ask(&gw), "backup", "fake:open,backup:200");
+    assert_eq!(received(&gw.fakes, "status-503"), 4);
+    assert_eq!(stat(&gw, &format!("{prefix}.endpoint.status-503.probes")), 1);
+    assert_eq!(stat(&gw, &format!("{prefix}.endpoint.status-503.opens")), 2);
+    assert!(
+        gw.logs()
+            .contains("circuit opened: provider fake endpoint status-503, for 3000 ms")
+    );
+    wait_past(reopened, 1500);
+    served(&ask(&gw), "backup", "fake:open,backup:200");
+    assert_eq!(received(&gw.fakes, "status-503"), 4, "still cooling at 1.5 s of 3 s");
+}
+
+#[test]
+fn a_circuit_goes_through_its_whole_cycle_and_the_provider_serves_again() {
+    // `flaky` is a port with nothing listening: connect failures, until a
+    // fake provider starts there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut plugin = config(&[("flaky", "ok"), ("backup", "ok")], 1000);
+    plugin["providers"].as_array_mut().unwrap().push(json!({
+        "id": "flaky", "api": "openai", "cluster": "flaky", "authority": "flaky.local",
+        "path_prefix": "/v1", "api_key": "fake-openai-key"
+    }));
+    let gw = Gateway::with_edit(&plugin, |doc| common::add_cluster_like_fake(doc, "flaky", port));
+    for _ in 0..3 {
+        served(&ask(&gw), "backup", "flaky:error,backup:200");
+    }
+    let opened = Instant::now();
+    served(&ask(&gw), "backup", "flaky:open,backup:200");
+    assert_eq!(stat(&gw, "waygate.circuit.flaky.provider.state"), 1);
+    assert!(
+        gw.logs()
+            .contains("circuit opened: provider flaky provider, for 1000 ms")
+    );
+
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let recovered = FakeProviders::start(addr).unwrap();
+    served(&ask(&gw), "backup", "flaky:open,backup:200");
+    assert!(recovered.received().is_empty(), "no request while it cools down");
+    wait_past(opened, 1000);
+    // The probe succeeds and closes the circuit; the provider is first again.
+    served(&ask(&gw), "flaky", "flaky:200");
+    assert_eq!(recovered.received().len(), 1);
+    assert_eq!(
+        recovered.received()[0].header("authorization"),
+        Some("Bearer fake-openai-key")
+    );
+    served(&ask(&gw), "flaky", "flaky:200");
+    assert_eq!(recovered.received().len(), 2);
+    assert_eq!(stat(&gw, "waygate.circuit.flaky.provider.state"), 0);
+    assert_eq!(stat(&gw, "waygate.circuit.flaky.provider.probes"), 1);
+    assert_eq!(stat(&gw, "waygate.circuit.flaky.provider.opens"), 1);
+    assert!(gw.logs().contains("circuit closed: provider flaky provider"));
+}
+
+#[test]
+fn a_provider_that_resets_or_hangs_costs_nothing_once_open() {
+    for (provider, model, received_as) in [("slammer", "ok", None), ("fastfail", "slow-3000", Some("slow-3000"))] {
+        let gw = Gateway::with_config(&config(&[(provider, model), ("backup", "ok")], 60_000));
+        for _ in 0..3 {
+            served(&ask(&gw), "backup", &format!("{provider}:error,backup:200"));
+        }
+        for _ in 0..3 {
+            served(&ask(&gw), "backup", &format!("{provider}:open,backup:200"));
+        }
+        if let Some(model) = received_as {
+            assert_eq!(received(&gw.fakes, model), 3);
+        }
+        assert_eq!(stat(&gw, &format!("waygate.circuit.{provider}.provider.opens")), 1);
+    }
+}
+
+#[test]
+fn a_429_with_retry_after_opens_at_once_for_that_long() {
+    let mut plugin = config(&[("fake", "limited-2"), ("backup", "ok")], 60_000);
+    plugin["models"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"id": "chain/y", "endpoints": [
+            {"provider": "fake", "model": "json"}, {"provider": "backup", "model": "ok"}
+        ]}));
+    let gw = Gateway::with_config(&plugin);
+    served(&ask(&gw), "backup", "fake:429,backup:200");
+    let opened = Instant::now();
+    served(&ask(&gw), "backup", "fake:open,backup:200");
+    assert!(
+        gw.logs()
+            .contains("circuit opened: provider fake credential 0, for 2000 ms")
+    );
+    // The credential is open: the provider's other models wait too.
+    let r = gw.chat(json!({"model": "chain/y", "messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.header("x-waygate-attempts"), Some("fake:open,backup:200"));
+    assert_eq!(received(&gw.fakes, "json"), 0);
+    wait_past(opened, 2000);
+    served(&ask(&gw), "backup", "fake:429,backup:200");
+    assert_eq!(received(&gw.fakes, "limited-2"), 2);
+}
+
+#[test]
+fn a_request_is_never_refused_without_an_attempt() {
+    let gw = Gateway::with_config(&config(&[("fake", "status-500")], 60_000));
+    for _ in 0..5 {
+        let r = ask(&gw);
+        r.assert_error(502, "upstream_error", "upstream_error", None);
+        assert_eq!(r.header("x-waygate-attempts"), Some("fake:500"));
+    }
+    assert_eq!(received(&gw.fakes, "status-500"), 5);
+}
+
+#[test]
+fn with_health_off_every_request_tries_the_failing_provider_first() {
+    let mut plugin = config(&[("fake", "status-503"), ("backup", "ok")], 1000);
+    plugin["health"] = json!({"enabled": false});
+    let gw = Gateway::with_config(&plugin);
+    for _ in 0..5 {
+        served(&ask(&gw), "backup", "fake:503,backup:200");
+    }
+    assert_eq!(stat(&gw, "waygate.circuit.fake.endpoint.status-503.opens"), 0);
+}

@@ -115,7 +115,7 @@ class CheckConfigsFails(unittest.TestCase):
 
     # ---- the plugin configuration embedded in the bootstrap ---------------------------
     def test_misspelled_health_field(self) -> None:
-        self.mutate("envoy/envoy.yaml", '"cooldown_ms": 30000', '"cooldown": 30000')
+        self.mutate("envoy/envoy.yaml", '"limits": "global",', '"limits": "global", "health": {"cooldown": 30000},')
         self.assert_fails("envoy/envoy.yaml", "health: unknown field `cooldown`")
 
     # ---- global limits (envoy/envoy.yaml) ----------------------------------------------

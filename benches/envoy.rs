@@ -479,7 +479,9 @@ fn run() -> Result<(), Error> {
     print_cell(&DEAD_PROVIDER, &dead_rows, &dead, &[], DEAD_PROVIDER.round(seconds));
     for (what, _) in DEAD_MODELS {
         let p50 = |health: &str| {
-            let row = dead_rows.iter().position(|r| r.label == format!("health {health}, {what}"));
+            let row = dead_rows
+                .iter()
+                .position(|r| r.label == format!("health {health}, {what}"));
             row.and_then(|i| dead.get(i)).map_or(f64::NAN, |m| m.stats.p(0.5) / 1e6)
         };
         println!(

@@ -156,6 +156,14 @@ pub struct Provider {
     pub credential: Option<Secret>,
     /// Where the credential comes from, for messages (never the value).
     pub credential_source: String,
+    /// The credential's id (`0` for a provider's only one): its circuit's name
+    /// (contract "Health"), never the secret. A provider with several
+    /// credentials is one `Provider` per credential, sharing the id.
+    pub credential_id: String,
+    /// The credential's share of its provider's traffic.
+    pub credential_weight: u32,
+    /// How many credentials the provider holds.
+    pub credential_count: usize,
     pub legacy_completions: bool,
     /// The provider serves OpenAI's Responses API itself
     /// (`{path_prefix}/responses`): a `/responses` request goes to it as it came.
@@ -172,6 +180,18 @@ pub struct Model {
     pub id: String,
     pub pattern: Option<Glob>,
     pub endpoints: Vec<Endpoint>,
+    pub strategy: Strategy,
+}
+
+/// How the endpoints of one priority share a model's requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// At random, in proportion to their weights.
+    #[default]
+    Weighted,
+    /// The one with the fewest of this Envoy's requests in flight first.
+    FewestInFlight,
 }
 
 /// An endpoint's `model` that stands for the model id the client asked for
@@ -183,9 +203,23 @@ pub const ASKED_MODEL: &str = "*";
 pub struct Endpoint {
     pub provider: Rc<Provider>,
     pub model: String,
+    /// Its share of its priority's requests.
+    pub weight: u32,
+    /// Lower first; the next priority is the fallback of the one before.
+    pub priority: u32,
 }
 
 impl Provider {
+    /// As `x-waygate-attempts` and the access log name it: the id, and for a
+    /// provider with several credentials `<id>#<credential id>`.
+    pub fn attempt_name(&self) -> std::borrow::Cow<'_, str> {
+        if self.credential_count > 1 {
+            format!("{}#{}", self.id, self.credential_id).into()
+        } else {
+            self.id.as_str().into()
+        }
+    }
+
     /// The credential to send: empty for none, which routing never lets
     /// reach a request.
     pub fn credential_text(&self) -> &str {
@@ -194,8 +228,14 @@ impl Provider {
 }
 
 impl Config {
+    /// Provider `id` (its first credential).
     pub fn provider(&self, id: &str) -> Option<&Rc<Provider>> {
         self.providers.iter().find(|p| p.id == id)
+    }
+
+    /// Every credential of provider `id`, in configuration order.
+    pub fn credentials<'c>(&'c self, id: &'c str) -> impl Iterator<Item = &'c Rc<Provider>> + 'c {
+        self.providers.iter().filter(move |p| p.id == id)
     }
 
     /// Whether `json` configures the filter's upstream role, installed on
@@ -300,6 +340,7 @@ struct RawProvider {
     path_prefix: Option<String>,
     api_key_env: Option<String>,
     api_key: Option<String>,
+    credentials: Option<Vec<RawCredential>>,
     legacy_completions: Option<bool>,
     responses: Option<bool>,
     #[serde(default, deserialize_with = "whole_number")]
@@ -310,9 +351,20 @@ struct RawProvider {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawCredential {
+    id: String,
+    api_key_env: Option<String>,
+    api_key: Option<String>,
+    #[serde(default, deserialize_with = "whole_number")]
+    weight: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawModel {
     id: String,
     endpoints: Vec<RawEndpoint>,
+    strategy: Option<Strategy>,
 }
 
 #[derive(Deserialize)]
@@ -320,6 +372,21 @@ struct RawModel {
 struct RawEndpoint {
     provider: String,
     model: String,
+    #[serde(default, deserialize_with = "whole_number")]
+    weight: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
+    priority: Option<u64>,
+}
+
+/// The most a weight may be: shares stay exact in the draw's arithmetic.
+const MAX_WEIGHT: u64 = 1_000_000;
+
+fn weight(value: Option<u64>, at: &str, problems: &mut Vec<String>) -> u32 {
+    let weight = value.unwrap_or(1);
+    if weight == 0 || weight > MAX_WEIGHT {
+        problems.push(format!("{at}: weight must be between 1 and {MAX_WEIGHT}"));
+    }
+    u32::try_from(weight.clamp(1, MAX_WEIGHT)).unwrap_or(1)
 }
 
 /// Accepts `5` and `5.0`: an Istio `pluginConfig` is a protobuf Struct, whose
@@ -406,6 +473,8 @@ fn validate_providers(
     problems: &mut Vec<String>,
 ) -> Vec<Rc<Provider>> {
     let mut providers: Vec<Rc<Provider>> = Vec::with_capacity(raw.len());
+    // Where each configured provider's first credential is in `providers`.
+    let mut heads: Vec<usize> = Vec::with_capacity(raw.len());
     for (i, p) in raw.into_iter().enumerate() {
         let at = format!("providers[{i}] ({:?})", p.id);
         if p.id.is_empty() || p.id.contains('/') || p.id.contains(',') || p.id.contains(':') {
@@ -423,15 +492,46 @@ fn validate_providers(
                 "{at}: path_prefix {path_prefix:?} must start with '/' and not end with '/'"
             ));
         }
-        let (credential, credential_source) = match (p.api_key_env, p.api_key) {
-            (Some(var), None) => (
+        // (id, the secret if set, where it comes from, weight)
+        let credentials: Vec<(String, Option<String>, String, u32)> = match (p.api_key_env, p.api_key, p.credentials) {
+            (Some(var), None, None) => vec![(
+                "0".into(),
                 env(&var).filter(|v| !v.is_empty()),
                 format!("environment variable {var}"),
-            ),
-            (None, Some(key)) => (Some(key), "api_key".to_string()),
+                1,
+            )],
+            (None, Some(key), None) => vec![("0".into(), Some(key), "api_key".to_string(), 1)],
+            (None, None, Some(list)) if !list.is_empty() => {
+                let mut credentials: Vec<(String, Option<String>, String, u32)> = Vec::with_capacity(list.len());
+                for (j, c) in list.into_iter().enumerate() {
+                    let at = format!("{at}.credentials[{j}] ({:?})", c.id);
+                    if c.id.is_empty() || c.id.contains(['\n', '\r']) {
+                        problems.push(format!("{at}: id must be a non-empty line"));
+                    }
+                    if credentials.iter().any(|(id, ..)| *id == c.id) {
+                        problems.push(format!("{at}: duplicate credential id"));
+                    }
+                    let (secret, source) = match (c.api_key_env, c.api_key) {
+                        (Some(var), None) => (
+                            env(&var).filter(|v| !v.is_empty()),
+                            format!("environment variable {var}"),
+                        ),
+                        (None, Some(key)) => (Some(key), format!("credential {}'s api_key", c.id)),
+                        _ => {
+                            problems.push(format!("{at}: exactly one of api_key_env and api_key is required"));
+                            (None, String::new())
+                        }
+                    };
+                    let weight = weight(c.weight, &at, problems);
+                    credentials.push((c.id, secret, source, weight));
+                }
+                credentials
+            }
             _ => {
-                problems.push(format!("{at}: exactly one of api_key_env and api_key is required"));
-                (None, String::new())
+                problems.push(format!(
+                    "{at}: exactly one of api_key_env, api_key and a non-empty credentials is required"
+                ));
+                vec![("0".into(), None, String::new(), 1)]
             }
         };
         if p.legacy_completions == Some(true) && p.api != Api::Openai {
@@ -448,23 +548,33 @@ fn validate_providers(
         if default_max_tokens == 0 {
             problems.push(format!("{at}: default_max_tokens must be at least 1"));
         }
-        providers.push(Rc::new(Provider {
-            id: p.id,
-            api: p.api,
-            cluster: p.cluster,
-            authority: p.authority,
-            path_prefix,
-            credential: credential.map(|c| Secret::new(&c)),
-            credential_source,
-            legacy_completions: p.legacy_completions.unwrap_or(false),
-            responses: p.responses.unwrap_or(false),
-            timeout_ms,
-            default_max_tokens,
-        }));
+        let first = providers.len();
+        let credential_count = credentials.len();
+        for (credential_id, secret, credential_source, credential_weight) in credentials {
+            providers.push(Rc::new(Provider {
+                id: p.id.clone(),
+                api: p.api,
+                cluster: p.cluster.clone(),
+                authority: p.authority.clone(),
+                path_prefix: path_prefix.clone(),
+                credential: secret.map(|c| Secret::new(&c)),
+                credential_source,
+                credential_id,
+                credential_weight,
+                credential_count,
+                legacy_completions: p.legacy_completions.unwrap_or(false),
+                responses: p.responses.unwrap_or(false),
+                timeout_ms,
+                default_max_tokens,
+            }));
+        }
+        heads.push(first);
     }
+    // One entry per provider (its first credential) for the repeat check.
+    let firsts: Vec<Rc<Provider>> = heads.iter().filter_map(|i| providers.get(*i).cloned()).collect();
     report_repeats(
         "providers",
-        &providers,
+        &firsts,
         |p| Some(p.id.as_bytes()),
         |p| &p.id,
         "duplicate provider id",
@@ -491,15 +601,21 @@ fn validate_models(raw: Vec<RawModel>, providers: &[Rc<Provider>], problems: &mu
         }
         let mut endpoints = Vec::with_capacity(m.endpoints.len());
         for (j, e) in m.endpoints.into_iter().enumerate() {
+            let at = format!("{at}.endpoints[{j}]");
             if e.model.is_empty() {
-                problems.push(format!("{at}.endpoints[{j}]: model must not be empty"));
+                problems.push(format!("{at}: model must not be empty"));
             }
+            let weight = weight(e.weight, &at, problems);
+            // The list's order is the default: one endpoint a priority.
+            let priority = e.priority.unwrap_or(u64::try_from(j).unwrap_or(u64::MAX));
             match providers.iter().find(|p| p.id == e.provider) {
                 Some(provider) => endpoints.push(Endpoint {
                     provider: Rc::clone(provider),
                     model: e.model,
+                    weight,
+                    priority: u32::try_from(priority).unwrap_or(u32::MAX),
                 }),
-                None => problems.push(format!("{at}.endpoints[{j}]: unknown provider {:?}", e.provider)),
+                None => problems.push(format!("{at}: unknown provider {:?}", e.provider)),
             }
         }
         let pattern = m.id.contains('*').then(|| Glob::new(&m.id));
@@ -507,6 +623,7 @@ fn validate_models(raw: Vec<RawModel>, providers: &[Rc<Provider>], problems: &mu
             id: m.id,
             pattern,
             endpoints,
+            strategy: m.strategy.unwrap_or_default(),
         });
     }
     report_repeats(

@@ -25,8 +25,9 @@ use crate::config::{Api, Config, Fallback, Limits, Provider};
 use crate::errors::{ApiError, ErrorType, Header};
 use crate::headers::{ResponseHead, header_in, is_json, names_where, printable};
 use crate::health;
-use crate::ids::new_id;
+use crate::ids::{self, new_id};
 use crate::inbound::{Client, ClientApi, ClientStream, messages, responses};
+use crate::inflight;
 use crate::limits::{self, SharedStore};
 use crate::metrics;
 use crate::models;
@@ -575,7 +576,7 @@ impl Exchange {
         };
         // Logged from here on: a refused model (404, 403) is worth an operator's eye.
         self.record.model = Some(request.model.clone());
-        let defaults = routing::resolve(&cfg, &request.model)?;
+        let resolved = routing::resolve(&cfg, &request.model)?;
         let key = self.record.key.clone();
         if key.as_ref().is_some_and(|k| !auth::may_use(k, &request.model)) {
             return Err(model_not_allowed(&request.model));
@@ -585,14 +586,25 @@ impl Exchange {
         }
         let directive = routing::parse_directive(&cfg, request.member(&cfg.routing_field)?.as_ref())?;
         // Named in the 503 if nothing is left: the usual cause is an unset key.
-        let keyless: Vec<String> = defaults
-            .iter()
-            .filter(|c| c.provider.credential.is_none())
-            .map(|c| c.provider.id.clone())
-            .collect();
+        let mut keyless: Vec<String> = Vec::new();
+        for c in resolved.candidates.iter().filter(|c| c.provider.credential.is_none()) {
+            if !keyless.contains(&c.provider.id) {
+                keyless.push(c.provider.id.clone());
+            }
+        }
+        let defaults = routing::spread(
+            resolved.candidates,
+            resolved.strategy,
+            &mut ids::random_u64,
+            &mut |key| inflight::count(store, key),
+        );
         // Candidates with an open circuit go last (contract "Health").
         let (candidates, ticket) = health::arrange(store, &cfg.health, routing::plan(defaults, &directive), now_ms);
         self.record.health = ticket;
+        if let Some(key) = candidates.first().and_then(|c| c.inflight_key.clone()) {
+            inflight::add(store, &key, true);
+            self.record.inflight = Some(key);
+        }
         let mut plan = Plan {
             candidates: candidates.into_iter(),
             tries_left: routing::max_tries(&cfg, &directive),
@@ -1225,6 +1237,9 @@ impl Exchange {
         let record = &self.record;
         if let (Some(_), Some(usage), Some(key)) = (record.standing, record.usage, &record.key) {
             limits::record_tokens(store, key, now_ms / 1000, usage.total());
+        }
+        if let Some(key) = &record.inflight {
+            inflight::add(store, key, false);
         }
         let changes = health::report(store, &self.config.health, &record.attempts, &record.health, now_ms);
         for change in &changes {

@@ -5,7 +5,7 @@
 //! Three circuits stand behind each candidate: its provider as a whole
 //! (connect failures, resets, timeouts), the credential it is sent with
 //! (401/403, 429, 5xx) and its endpoint, the provider with the model it is
-//! asked for (404, 429, 5xx). A circuit opens after `failures` consecutive
+//! asked for (404, 5xx). A circuit opens after `failures` consecutive
 //! failures, or at once on a 429 that says when to come back
 //! (`retry-after`); it stays open for a cooldown that doubles each time it
 //! opens again without having closed (capped); once the cooldown is over,
@@ -31,10 +31,6 @@ use crate::config::{Health, Provider};
 use crate::limits::{SharedStore, StoreError};
 use crate::record::{Outcome, Tried};
 use crate::routing::Candidate;
-
-/// The id of a provider's one credential: circuits are per credential, and
-/// a provider holds one today.
-pub const CREDENTIAL_ID: &str = "0";
 
 const KEY_PREFIX: &str = "waygate.health.";
 
@@ -230,9 +226,9 @@ impl Board {
 
     /// The candidate's three circuits, the worst first: cooling, then
     /// probing, then ready; `Closed` only when all three are.
-    fn standing(&self, model: &str, now: u64) -> Standing {
+    fn standing(&self, credential: &str, model: &str, now: u64) -> Standing {
         let mut worst = Standing::Closed;
-        for (scope, name) in scopes(model) {
+        for (scope, name) in scopes(credential, model) {
             let Some(c) = self.get(scope, name) else { continue };
             worst = match (worst, c.standing(now)) {
                 (Standing::Cooling(a), Standing::Cooling(b)) => Standing::Cooling(a.max(b)),
@@ -248,10 +244,10 @@ impl Board {
 }
 
 /// A candidate's circuits: its provider, its credential, its endpoint.
-fn scopes(model: &str) -> [(Scope, &str); 3] {
+fn scopes<'a>(credential: &'a str, model: &'a str) -> [(Scope, &'a str); 3] {
     [
         (Scope::Provider, ""),
-        (Scope::Credential, CREDENTIAL_ID),
+        (Scope::Credential, credential),
         (Scope::Endpoint, model),
     ]
 }
@@ -373,6 +369,7 @@ enum Claim {
 fn claim(store: &mut dyn SharedStore, candidate: &Candidate, now: u64, lease: u64) -> Claim {
     let key = key(&candidate.provider);
     let model = candidate.upstream_model.as_str();
+    let credential = candidate.provider.credential_id.as_str();
     for _ in 0..MAX_CAS_RETRIES {
         let Some((bytes, cas)) = store.get(&key) else {
             return Claim::Clean;
@@ -381,17 +378,17 @@ fn claim(store: &mut dyn SharedStore, candidate: &Candidate, now: u64, lease: u6
             return Claim::Clean;
         }
         let mut board = Board::decode(&bytes);
-        let open: Vec<(Scope, String)> = scopes(model)
+        let open: Vec<(Scope, String)> = scopes(credential, model)
             .into_iter()
             .filter(|(scope, name)| board.get(*scope, name).is_some_and(|c| c.opens > 0))
             .map(|(scope, name)| (scope, name.to_string()))
             .collect();
-        match board.standing(model, now) {
+        match board.standing(credential, model, now) {
             Standing::Closed => return Claim::Healthy,
             Standing::Cooling(until) | Standing::Probing(until) => return Claim::Later(until, open),
             Standing::Ready => {}
         }
-        for (scope, name) in scopes(model) {
+        for (scope, name) in scopes(credential, model) {
             if let Some(c) = board.get_mut(scope, name)
                 && c.opens > 0
             {
@@ -429,7 +426,10 @@ fn failing(outcome: Outcome) -> Option<&'static [Scope]> {
         Outcome::Cut => Some(&[]),
         Outcome::Status(401 | 403) => Some(&[Scope::Credential]),
         Outcome::Status(404) => Some(&[Scope::Endpoint]),
-        Outcome::Status(408 | 429 | 500..=599) => Some(&[Scope::Endpoint, Scope::Credential]),
+        // A quota is the key's, not the model's: counted against the
+        // endpoint, one key's 429 would take the provider's other keys out too.
+        Outcome::Status(429) => Some(&[Scope::Credential]),
+        Outcome::Status(408 | 500..=599) => Some(&[Scope::Endpoint, Scope::Credential]),
         // The provider answered: a success, or the client's own error (400,
         // 413, 422), which says it is up.
         Outcome::Status(_) => None,
@@ -504,10 +504,14 @@ fn update(
         // A probe claimed and never tried (another candidate served first,
         // or the client left): the next request may claim it.
         for (held, lease) in probes {
-            if tried.iter().any(|t| t.model == held.model) {
+            let credential = held.provider.credential_id.as_str();
+            if tried
+                .iter()
+                .any(|t| t.model == held.model && t.provider.credential_id == credential)
+            {
                 continue;
             }
-            for (scope, name) in scopes(&held.model) {
+            for (scope, name) in scopes(credential, &held.model) {
                 if let Some(c) = board.get_mut(scope, name)
                     && c.probe_until == *lease
                 {
@@ -542,8 +546,9 @@ fn apply(
     now: u64,
     changed: &mut dyn FnMut(Scope, &str, Option<u64>),
 ) {
+    let credential = tried.provider.credential_id.as_str();
     let Some(failed) = failing(tried.outcome) else {
-        for (scope, name) in scopes(&tried.model) {
+        for (scope, name) in scopes(credential, &tried.model) {
             if let Some(c) = board.get_mut(scope, name) {
                 if c.opens > 0 {
                     changed(scope, name, None);
@@ -558,7 +563,7 @@ fn apply(
         Outcome::Status(429) => tried.retry_after_ms,
         _ => None,
     };
-    for (scope, name) in scopes(&tried.model) {
+    for (scope, name) in scopes(credential, &tried.model) {
         if !failed.contains(&scope) {
             continue;
         }

@@ -40,6 +40,13 @@ fn random_bytes() -> Option<[u8; LEN]> {
         .flatten()
 }
 
+/// A random number for routing's weighted draws (`routing::spread`), from
+/// the same buffer as the ids.
+pub fn random_u64() -> u64 {
+    let raw = random_bytes().unwrap_or_default();
+    raw.iter().take(8).fold(0u64, |n, b| (n << 8) | u64::from(*b))
+}
+
 /// A fresh id with `prefix`. Randomness comes from the host (`random_get`);
 /// should it ever fail, a counter mixed into the buffer still keeps ids unique
 /// within this VM rather than failing the request.

@@ -42,6 +42,7 @@ pub mod headers;
 pub mod health;
 pub mod ids;
 pub mod inbound;
+pub mod inflight;
 pub mod json;
 pub mod limits;
 pub mod metrics;

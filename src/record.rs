@@ -60,6 +60,9 @@ pub struct Record {
     pub attempts: Vec<Tried>,
     /// What planning read of the providers' health and claimed.
     pub health: Ticket,
+    /// The endpoint this request counts against while in flight
+    /// (`fewest_in_flight`), given back at its end.
+    pub inflight: Option<Rc<str>>,
     pub status: u16,
     /// The contract code of the error answered, if any.
     pub error_code: Option<String>,
@@ -133,7 +136,7 @@ impl Record {
                 !self
                     .attempts
                     .iter()
-                    .any(|t| t.provider.id == d.provider.id && t.model == d.model)
+                    .any(|t| Rc::ptr_eq(&t.provider, &d.provider) && t.model == d.model)
             })
             .map(|d| (&d.provider, "open".to_string()));
         let tried = self.attempts.iter().map(|t| (&t.provider, t.outcome.text()));
@@ -141,7 +144,7 @@ impl Record {
             if !list.is_empty() {
                 list.push(',');
             }
-            list.push_str(&provider.id);
+            list.push_str(&provider.attempt_name());
             list.push(':');
             list.push_str(&outcome);
         }
@@ -160,7 +163,7 @@ impl Record {
                     Outcome::Status(status) => status.to_string(),
                     Outcome::Failed | Outcome::Cut => "connect failure, reset or timeout".into(),
                 };
-                format!("{}: {outcome}", t.provider.id)
+                format!("{}: {outcome}", t.provider.attempt_name())
             })
             .collect();
         list.join(", ")

@@ -1,22 +1,39 @@
 //! Model resolution and candidate selection (contract §5).
 //!
-//! A model id resolves to an ordered list of candidates (provider + upstream
-//! model). The per-request routing object then reorders (`prefer`), filters
-//! (`allow_fallbacks`) and bounds (`max_provider_tries`) that list.
+//! A model id resolves to its candidates (provider, credential and upstream
+//! model), which [`spread`] orders: by priority, and within a priority by the
+//! model's strategy over the endpoints' weights, then each endpoint's
+//! credentials by theirs. The per-request routing object then reorders
+//! (`prefer`), filters (`allow_fallbacks`) and bounds (`max_provider_tries`)
+//! that list.
 
 use std::rc::Rc;
 
 use serde_json::Value;
 
-use crate::config::{ASKED_MODEL, Config, Provider};
+use crate::config::{ASKED_MODEL, Config, Provider, Strategy};
 use crate::errors::{ApiError, ErrorType};
 use crate::request::{bad_value, wrong_type};
 
-/// One provider that may serve the request.
+/// One provider (with one of its credentials) that may serve the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     pub provider: Rc<Provider>,
     pub upstream_model: String,
+    /// Its endpoint's share of its priority's requests, and that priority.
+    pub weight: u32,
+    pub priority: u32,
+    /// Under `fewest_in_flight`, the shared-data key counting its endpoint's
+    /// requests in flight (`waygate.inflight.<model id>#<endpoint index>`).
+    pub inflight_key: Option<Rc<str>>,
+}
+
+/// What a model id resolves to: its candidates in configuration order and
+/// how they share its requests.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub candidates: Vec<Candidate>,
+    pub strategy: Strategy,
 }
 
 /// 404 `model_not_found` for `model` (contract §4).
@@ -33,18 +50,29 @@ pub fn model_not_found(model: &str) -> ApiError {
 /// Resolves a model id to its default candidates (contract §5 rules 1–3):
 /// a catalog entry named so, else the first catalog pattern it matches,
 /// else `<provider>/<model>`.
-pub fn resolve(config: &Config, model: &str) -> Result<Vec<Candidate>, ApiError> {
+pub fn resolve(config: &Config, model: &str) -> Result<Resolved, ApiError> {
     let entry = (config.models.iter().find(|m| m.pattern.is_none() && m.id == model))
         .or_else(|| (config.models.iter()).find(|m| m.pattern.as_ref().is_some_and(|p| p.matches(model))));
     if let Some(m) = entry {
-        return Ok(m
-            .endpoints
-            .iter()
-            .map(|e| Candidate {
-                provider: Rc::clone(&e.provider),
-                upstream_model: if e.model == ASKED_MODEL { model } else { &e.model }.to_string(),
-            })
-            .collect());
+        let mut candidates = Vec::with_capacity(m.endpoints.len());
+        for (i, e) in m.endpoints.iter().enumerate() {
+            let upstream_model = if e.model == ASKED_MODEL { model } else { &e.model };
+            let inflight_key: Option<Rc<str>> =
+                (m.strategy == Strategy::FewestInFlight).then(|| format!("waygate.inflight.{}#{i}", m.id).into());
+            for provider in config.credentials(&e.provider.id) {
+                candidates.push(Candidate {
+                    provider: Rc::clone(provider),
+                    upstream_model: upstream_model.to_string(),
+                    weight: e.weight,
+                    priority: e.priority,
+                    inflight_key: inflight_key.clone(),
+                });
+            }
+        }
+        return Ok(Resolved {
+            candidates,
+            strategy: m.strategy,
+        });
     }
     let not_found = || model_not_found(model);
     if model.is_empty() {
@@ -56,13 +84,115 @@ pub fn resolve(config: &Config, model: &str) -> Result<Vec<Candidate>, ApiError>
     if rest.is_empty() {
         return Err(bad_value("model", "must name a model after the '/'"));
     }
-    match config.provider(prefix) {
-        Some(provider) => Ok(vec![Candidate {
+    let candidates: Vec<Candidate> = (config.credentials(prefix))
+        .map(|provider| Candidate {
             provider: Rc::clone(provider),
             upstream_model: rest.to_string(),
-        }]),
-        None => Err(not_found()),
+            weight: 1,
+            priority: 0,
+            inflight_key: None,
+        })
+        .collect();
+    if candidates.is_empty() {
+        return Err(not_found());
     }
+    Ok(Resolved {
+        candidates,
+        strategy: Strategy::Weighted,
+    })
+}
+
+/// `candidates` (in configuration order) in the order to try them: by
+/// priority; within one, its endpoints by `strategy` (a draw weighted by
+/// their weights, or the fewest requests in flight first, `inflight`
+/// counting them, ties by the draw); each endpoint's credentials, next to
+/// each other, by a draw weighted by theirs. `draw` gives random numbers,
+/// asked only when there is a choice: one endpoint a priority with one
+/// credential each (the default) keeps the configuration's order.
+pub fn spread(
+    mut candidates: Vec<Candidate>,
+    strategy: Strategy,
+    draw: &mut dyn FnMut() -> u64,
+    inflight: &mut dyn FnMut(&str) -> u64,
+) -> Vec<Candidate> {
+    // Priorities that only grow hold one candidate each: nothing to choose.
+    let one_each = candidates.windows(2).all(|w| match w {
+        [a, b] => a.priority < b.priority,
+        _ => true,
+    });
+    if one_each {
+        return candidates;
+    }
+    candidates.sort_by_key(|c| c.priority);
+    let mut ordered = Vec::with_capacity(candidates.len());
+    let mut rest = candidates.as_slice();
+    while let Some(first) = rest.first() {
+        let same = rest.iter().take_while(|c| c.priority == first.priority).count();
+        let (group, after) = rest.split_at(same);
+        rest = after;
+        // The priority's endpoints (a provider and model), each with its credentials.
+        let mut endpoints: Vec<Vec<&Candidate>> = Vec::new();
+        for c in group {
+            let same_endpoint = |e: &&mut Vec<&Candidate>| {
+                e.first()
+                    .is_some_and(|f| f.provider.id == c.provider.id && f.upstream_model == c.upstream_model)
+            };
+            match endpoints.iter_mut().find(same_endpoint) {
+                Some(endpoint) => endpoint.push(c),
+                None => endpoints.push(vec![c]),
+            }
+        }
+        let weights: Vec<u64> = endpoints
+            .iter()
+            .map(|e| e.first().map_or(1, |c| u64::from(c.weight)))
+            .collect();
+        let mut order = weighted_order(&weights, draw);
+        if strategy == Strategy::FewestInFlight && endpoints.len() > 1 {
+            let busy: Vec<u64> = endpoints
+                .iter()
+                .map(|e| {
+                    e.first()
+                        .and_then(|c| c.inflight_key.as_deref())
+                        .map_or(0, &mut *inflight)
+                })
+                .collect();
+            order.sort_by_key(|i| busy.get(*i).copied().unwrap_or(0));
+        }
+        for i in order {
+            let Some(endpoint) = endpoints.get(i) else { continue };
+            let weights: Vec<u64> = endpoint
+                .iter()
+                .map(|c| u64::from(c.provider.credential_weight))
+                .collect();
+            for j in weighted_order(&weights, draw) {
+                ordered.extend(endpoint.get(j).map(|c| (*c).clone()));
+            }
+        }
+    }
+    ordered
+}
+
+/// The indexes of `weights` in a random order where each next one is drawn
+/// in proportion to its weight among those left.
+fn weighted_order(weights: &[u64], draw: &mut dyn FnMut() -> u64) -> Vec<usize> {
+    let mut left: Vec<usize> = (0..weights.len()).collect();
+    let mut order = Vec::with_capacity(left.len());
+    while left.len() > 1 {
+        let total: u64 = left.iter().map(|i| weights.get(*i).copied().unwrap_or(0)).sum();
+        let mut point = draw() % total.max(1);
+        let mut at = 0;
+        for (k, i) in left.iter().enumerate() {
+            let w = weights.get(*i).copied().unwrap_or(0);
+            if point < w {
+                at = k;
+                break;
+            }
+            point -= w;
+        }
+        order.push(left.remove(at));
+    }
+    order.extend(left);
+    order
 }
 
 /// The parsed `<routing_field>.routing` object.
@@ -144,10 +274,10 @@ fn unknown(param: &str) -> ApiError {
 pub fn plan(defaults: Vec<Candidate>, directive: &Directive) -> Vec<Candidate> {
     let mut ordered: Vec<Candidate> = Vec::with_capacity(defaults.len());
     for id in &directive.prefer {
-        if let Some(c) = defaults.iter().find(|c| &c.provider.id == id)
-            && !ordered.contains(c)
-        {
-            ordered.push(c.clone());
+        for c in defaults.iter().filter(|c| &c.provider.id == id) {
+            if !ordered.contains(c) {
+                ordered.push(c.clone());
+            }
         }
     }
     if directive.allow_fallbacks {
@@ -221,7 +351,7 @@ mod tests {
             {"id":"*","endpoints":[{"provider":"openai","model":"gpt-5-mini"}]}]}"#;
         let c = Config::parse(json, &|_| None).unwrap();
         let names = |model: &str| -> Vec<(String, String)> {
-            let r = resolve(&c, model).unwrap();
+            let r = resolve(&c, model).unwrap().candidates;
             r.iter()
                 .map(|x| (x.provider.id.clone(), x.upstream_model.clone()))
                 .collect()
@@ -242,12 +372,12 @@ mod tests {
     #[test]
     fn model_ids_resolve_by_list_then_prefix() {
         let c = config();
-        let r = resolve(&c, "openai/gpt-4o/mini").unwrap();
+        let r = resolve(&c, "openai/gpt-4o/mini").unwrap().candidates;
         assert_eq!(
             (r[0].provider.id.as_str(), r[0].upstream_model.as_str()),
             ("openai", "gpt-4o/mini")
         );
-        assert_eq!(resolve(&c, "meta-llama/llama-3.1-70b").unwrap().len(), 3);
+        assert_eq!(resolve(&c, "meta-llama/llama-3.1-70b").unwrap().candidates.len(), 3);
         let e = resolve(&c, "gpt-4o").unwrap_err();
         assert_eq!((e.status, e.code.as_str()), (404, "model_not_found"));
         assert_eq!(resolve(&c, "mistral/large").unwrap_err().code, "model_not_found");
@@ -263,7 +393,7 @@ mod tests {
     fn prefer_reorders_and_fallbacks_follow() {
         let c = config();
         let d = directive(&c, json!({"waygate":{"routing":{"prefer":["together"]}}})).unwrap();
-        let p = plan(resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d);
+        let p = plan(resolve(&c, "meta-llama/llama-3.1-70b").unwrap().candidates, &d);
         assert_eq!(ids(&p), ["together", "groq"], "nokey has no credential");
     }
 
@@ -275,10 +405,10 @@ mod tests {
             json!({"waygate":{"routing":{"prefer":["together","openai"],"allow_fallbacks":false}}}),
         )
         .unwrap();
-        let p = plan(resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d);
+        let p = plan(resolve(&c, "meta-llama/llama-3.1-70b").unwrap().candidates, &d);
         assert_eq!(ids(&p), ["together"], "openai does not serve the model");
         let d = directive(&c, json!({"waygate":{"routing":{"allow_fallbacks":false}}})).unwrap();
-        let p = plan(resolve(&c, "meta-llama/llama-3.1-70b").unwrap(), &d);
+        let p = plan(resolve(&c, "meta-llama/llama-3.1-70b").unwrap().candidates, &d);
         assert_eq!(ids(&p), ["groq"]);
     }
 
@@ -321,5 +451,99 @@ mod tests {
             e(json!({"waygate":{"routing":{"order":[]}}})),
             (400, "unsupported_parameter".into(), "waygate.routing.order".into())
         );
+    }
+
+    /// A model served by two deployments of one priority (weights 3 and 1),
+    /// a third as their fallback, and a provider with two credentials.
+    fn spread_config(strategy: &str) -> Config {
+        let json = format!(
+            r#"{{"providers":[
+            {{"id":"east","api":"openai","cluster":"e","authority":"e","api_key":"k"}},
+            {{"id":"west","api":"openai","cluster":"w","authority":"w","credentials":[
+                {{"id":"one","api_key":"k1","weight":1}},{{"id":"two","api_key":"k2","weight":4}}]}},
+            {{"id":"spare","api":"openai","cluster":"s","authority":"s","api_key":"k"}}],
+          "models":[{{"id":"m","strategy":"{strategy}","endpoints":[
+            {{"provider":"east","model":"x","weight":3,"priority":0}},
+            {{"provider":"west","model":"x","priority":0}},
+            {{"provider":"spare","model":"x"}}]}}]}}"#
+        );
+        Config::parse(json.as_bytes(), &|_| None).unwrap()
+    }
+
+    fn order_of(c: &Config, draw: &mut dyn FnMut() -> u64, inflight: &mut dyn FnMut(&str) -> u64) -> String {
+        let r = resolve(c, "m").unwrap();
+        let spread = spread(r.candidates, r.strategy, draw, inflight);
+        let names: Vec<String> = spread
+            .iter()
+            .map(|c| format!("{}.{}", c.provider.id, c.provider.credential_id))
+            .collect();
+        names.join(" ")
+    }
+
+    #[test]
+    fn one_priority_shares_requests_by_weight_and_the_next_is_its_fallback() {
+        let c = spread_config("weighted");
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut draw = move || {
+            // xorshift64: a fixed sequence, so the counts are the same every run.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut counts = std::collections::BTreeMap::new();
+        for _ in 0..4000 {
+            let order = order_of(&c, &mut draw, &mut |_| 0);
+            assert!(order.ends_with("spare.0"), "{order}");
+            // A provider's credentials stay together.
+            assert!(
+                order.contains("west.one west.two") || order.contains("west.two west.one"),
+                "{order}"
+            );
+            *counts.entry(order).or_insert(0u32) += 1;
+        }
+        let first = |p: &str| -> u32 { counts.iter().filter(|(o, _)| o.starts_with(p)).map(|(_, n)| n).sum() };
+        // east: 3 of 4; west: 1 of 4, its credential two 4 of 5 of that.
+        // Binomial bounds at about four standard deviations.
+        assert!((2890..3110).contains(&first("east.0")), "{counts:?}");
+        assert!((700..900).contains(&first("west.two")), "{counts:?}");
+        assert!((140..260).contains(&first("west.one")), "{counts:?}");
+    }
+
+    #[test]
+    fn the_default_order_draws_nothing() {
+        let c = config();
+        let r = resolve(&c, "meta-llama/llama-3.1-70b").unwrap();
+        let before = ids(&r.candidates);
+        let spread = spread(r.candidates, r.strategy, &mut || panic!("no draw"), &mut |_| {
+            panic!("no count")
+        });
+        assert_eq!(ids(&spread), before);
+    }
+
+    #[test]
+    fn fewest_in_flight_goes_first_whatever_the_weights() {
+        let c = spread_config("fewest_in_flight");
+        let mut asked = Vec::new();
+        let mut busy = |key: &str| {
+            asked.push(key.to_string());
+            if key.ends_with("#0") { 5 } else { 1 }
+        };
+        let order = order_of(&c, &mut || 0, &mut busy);
+        assert!(order.starts_with("west."), "{order}");
+        assert!(order.ends_with("east.0 spare.0"), "{order}");
+        assert_eq!(asked, ["waygate.inflight.m#0", "waygate.inflight.m#1"]);
+    }
+
+    #[test]
+    fn prefer_brings_every_credential_of_the_provider() {
+        let c = spread_config("weighted");
+        let d = directive(
+            &c,
+            json!({"waygate":{"routing":{"prefer":["west"],"allow_fallbacks":false}}}),
+        )
+        .unwrap();
+        let p = plan(resolve(&c, "m").unwrap().candidates, &d);
+        assert_eq!(ids(&p), ["west", "west"]);
     }
 }

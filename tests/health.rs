@@ -211,3 +211,72 @@ fn with_health_off_every_request_tries_the_failing_provider_first() {
     }
     assert_eq!(stat(&gw, "waygate.circuit.fake.endpoint.status-503.opens"), 0);
 }
+
+#[test]
+fn a_429_on_one_of_two_keys_moves_the_load_to_the_other() {
+    let mut plugin = config(&[("pool", "ok")], 60_000);
+    plugin["providers"].as_array_mut().unwrap().push(json!({
+        "id": "pool", "api": "openai", "cluster": "fake", "authority": "fake.local", "path_prefix": "/v1",
+        "credentials": [
+            {"id": "spent", "api_key": waygate_fakes::OPENAI_EXHAUSTED_KEY},
+            {"id": "fresh", "api_key": waygate_fakes::OPENAI_KEY}
+        ]
+    }));
+    let gw = Gateway::with_config(&plugin);
+    // Each key is drawn first half the time until the spent one answers 429 with
+    // `retry-after: 20`; from then on the fresh one serves first.
+    let mut until_429 = 0;
+    loop {
+        let r = ask(&gw);
+        match r.header("x-waygate-attempts") {
+            Some("pool#fresh:200") => until_429 += 1,
+            Some("pool#spent:429,pool#fresh:200") => break,
+            other => panic!("{other:?}: {}", r.text()),
+        }
+        assert!(until_429 < 30, "the spent key was never drawn first in 30 requests");
+    }
+    for _ in 0..20 {
+        served(&ask(&gw), "pool", "pool#spent:open,pool#fresh:200");
+    }
+    let keys: Vec<String> = gw
+        .fakes
+        .received()
+        .iter()
+        .map(|r| r.header("authorization").unwrap().to_string())
+        .collect();
+    let spent = format!("Bearer {}", waygate_fakes::OPENAI_EXHAUSTED_KEY);
+    assert_eq!(keys.iter().filter(|k| **k == spent).count(), 1, "asked once: {keys:?}");
+    assert_eq!(keys.len(), until_429 + 22);
+    assert!(
+        gw.logs()
+            .contains("circuit opened: provider pool credential spent, for 20000 ms")
+    );
+    assert_eq!(stat(&gw, "waygate.circuit.pool.credential.spent.opens"), 1);
+}
+
+#[test]
+fn endpoints_of_one_priority_share_the_load_by_weight() {
+    let mut plugin = common::test_plugin_config();
+    plugin["models"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"id": "spread/x", "endpoints": [
+            {"provider": "fake", "model": "ok", "weight": 3, "priority": 0},
+            {"provider": "backup", "model": "ok", "weight": 1, "priority": 0},
+            {"provider": "fakechat", "model": "ok"}
+        ]}));
+    let gw = Gateway::with_config(&plugin);
+    let n = 400;
+    let mut fake = 0;
+    for _ in 0..n {
+        let r = gw.chat(json!({"model": "spread/x", "messages": [{"role": "user", "content": "hi"}]}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        match r.header("x-waygate-provider") {
+            Some("fake") => fake += 1,
+            Some("backup") => {}
+            other => panic!("the third priority serves only as their fallback: {other:?}"),
+        }
+    }
+    // 3 of 4 expected (300); a binomial's standard deviation here is 8.7.
+    assert!((265..=335).contains(&fake), "fake served {fake} of {n}");
+}

@@ -41,6 +41,9 @@ use reply::{FakeBody, Reply};
 
 /// The key the fake OpenAI API accepts (`Authorization: Bearer fake-openai-key`).
 pub const OPENAI_KEY: &str = "fake-openai-key";
+/// A second key of the same account whose quota is spent: every request with it is
+/// answered 429 with `retry-after: 20`.
+pub const OPENAI_EXHAUSTED_KEY: &str = "fake-openai-key-exhausted";
 /// The organization [`OPENAI_KEY`] belongs to (`OpenAI-Organization`).
 pub const OPENAI_ORGANIZATION: &str = "org-fake";
 /// The key the fake Anthropic API accepts (`x-api-key: fake-anthropic-key`).

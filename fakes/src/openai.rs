@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use super::answer::{self, Answer, Ask, Content, Finish, ToolChoice, ToolDecl, random_id};
 use super::reply::Reply;
 use super::steer::{self, Directive};
-use super::{OPENAI_KEY, OPENAI_ORGANIZATION, RecordedRequest};
+use super::{OPENAI_EXHAUSTED_KEY, OPENAI_KEY, OPENAI_ORGANIZATION, RecordedRequest};
 
 const SSE: &str = "text/event-stream; charset=utf-8";
 const NO_KEY: &str = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the password field (with blank username) if you're accessing the API from your browser and are prompted for a username and password. You can obtain an API key from https://platform.openai.com/account/api-keys.";
@@ -376,6 +376,14 @@ fn check_key(req: &RecordedRequest) -> Checked {
             ))
         }
         Some(OPENAI_KEY) => Ok(()),
+        Some(OPENAI_EXHAUSTED_KEY) => Err(error(
+            429,
+            "Rate limit reached for requests on this key. Please try again in 20s.",
+            "requests",
+            None,
+            Some("rate_limit_exceeded"),
+        )
+        .header("retry-after", "20")),
         Some(key) if !key.is_empty() => Err(error(
             401,
             &format!(

@@ -21,6 +21,9 @@ fn candidates(cfg: &Config, list: &[(&str, &str)]) -> Vec<Candidate> {
         .map(|(p, m)| Candidate {
             provider: provider(cfg, p),
             upstream_model: (*m).to_string(),
+            weight: 1,
+            priority: 0,
+            inflight_key: None,
         })
         .collect()
 }
@@ -93,7 +96,7 @@ fn consecutive_failures_open_the_endpoint_and_credential_and_the_candidate_goes_
     assert_eq!(
         opened(&changes),
         [
-            ("a".into(), Scope::Credential, CREDENTIAL_ID.into(), 30_000),
+            ("a".into(), Scope::Credential, "0".into(), 30_000),
             ("a".into(), Scope::Endpoint, "m1".into(), 30_000),
         ]
     );
@@ -179,13 +182,8 @@ fn a_429_that_says_when_to_come_back_opens_at_once_for_that_long() {
     let mut limited = tried(&cfg, "a", "m", Outcome::Status(429));
     limited.retry_after_ms = retry_after_ms(Some(" 2 "));
     let changes = report(&mut store, &cfg.health, &[limited], &Ticket::default(), T0);
-    assert_eq!(
-        opened(&changes),
-        [
-            ("a".into(), Scope::Credential, "0".into(), 2000),
-            ("a".into(), Scope::Endpoint, "m".into(), 2000),
-        ]
-    );
+    // The key's quota, not the model's: the credential only.
+    assert_eq!(opened(&changes), [("a".into(), Scope::Credential, "0".into(), 2000)]);
     let list = [("a", "m"), ("b", "m")];
     assert_eq!(order(&mut store, &cfg, &list, T0 + 1999).0, ["b/m", "a/m"]);
     assert_eq!(order(&mut store, &cfg, &list, T0 + 2000).0, ["a/m", "b/m"]);
@@ -193,6 +191,40 @@ fn a_429_that_says_when_to_come_back_opens_at_once_for_that_long() {
     let cfg = config();
     let mut store = new_store(&cfg);
     assert!(fail(&mut store, &cfg, "a", "m", Outcome::Status(429), T0).is_empty());
+}
+
+#[test]
+fn a_429_on_one_of_two_keys_moves_the_load_to_the_other() {
+    let json = br#"{"providers":[
+        {"id":"a","api":"openai","cluster":"a","authority":"a","credentials":[
+            {"id":"one","api_key":"k1"},{"id":"two","api_key":"k2"}]},
+        {"id":"b","api":"openai","cluster":"b","authority":"b","api_key":"k"}]}"#;
+    let cfg = Config::parse(json, &|_| None).unwrap();
+    let mut store = new_store(&cfg);
+    let keys: Vec<Rc<Provider>> = cfg.credentials("a").cloned().collect();
+    let mut limited = tried(&cfg, "a", "m", Outcome::Status(429));
+    limited.provider = Rc::clone(&keys[0]);
+    limited.retry_after_ms = Some(5000);
+    let changes = report(&mut store, &cfg.health, &[limited], &Ticket::default(), T0);
+    assert_eq!(opened(&changes), [("a".into(), Scope::Credential, "one".into(), 5000)]);
+    let planned: Vec<Candidate> = keys
+        .iter()
+        .chain(cfg.credentials("b"))
+        .map(|p| Candidate {
+            provider: Rc::clone(p),
+            upstream_model: "m".into(),
+            weight: 1,
+            priority: 0,
+            inflight_key: None,
+        })
+        .collect();
+    let (order, ticket) = arrange(&mut store, &cfg.health, planned, T0 + 1);
+    let names: Vec<String> = order
+        .iter()
+        .map(|c| format!("{}.{}", c.provider.id, c.provider.credential_id))
+        .collect();
+    assert_eq!(names, ["a.two", "b.0", "a.one"]);
+    assert_eq!(ticket.deferred[0].open, [(Scope::Credential, "one".into())]);
 }
 
 #[test]

@@ -51,6 +51,7 @@ impl RootContext for Root {
                 if config.health.enabled {
                     crate::health::prepare(&mut host::SharedData, &config.providers);
                 }
+                crate::inflight::prepare(&mut host::SharedData, &config);
                 self.config = Some(Rc::new(config));
                 true
             }

@@ -283,13 +283,15 @@ PROVIDER_FIELDS = {
     "path_prefix": str,
     "api_key_env": str,
     "api_key": str,
+    "credentials": list,
     "legacy_completions": bool,
     "responses": bool,
     "timeout_ms": "count",
     "default_max_tokens": "count",
 }
-MODEL_FIELDS = {"id": str, "endpoints": list}
-ENDPOINT_FIELDS = {"provider": str, "model": str}
+MODEL_FIELDS = {"id": str, "endpoints": list, "strategy": str}
+ENDPOINT_FIELDS = {"provider": str, "model": str, "weight": "count", "priority": "count"}
+CREDENTIAL_FIELDS = {"id": str, "api_key_env": str, "api_key": str, "weight": "count"}
 APIS = ("openai", "anthropic", "gemini")
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 ENVOY_DEFAULT_BUFFER_LIMIT = 1024 * 1024
@@ -384,15 +386,25 @@ def check_plugin_config(text: str, where: str, around: Surroundings, problems: P
         providers[pid] = provider
         if provider.get("api") not in APIS:
             problems.add(f"{pw}.api", f"must be one of {', '.join(APIS)}")
-        if ("api_key" in provider) == ("api_key_env" in provider):
-            problems.add(pw, "exactly one of `api_key` and `api_key_env`")
-        env = provider.get("api_key_env")
-        if isinstance(env, str) and env not in around.env_keys:
-            problems.add(f"{pw}.api_key_env", f"`{env}` is not passed to the VM (vm_config.environment_variables)")
+        if sum(k in provider for k in ("api_key", "api_key_env", "credentials")) != 1:
+            problems.add(pw, "exactly one of `api_key`, `api_key_env` and `credentials`")
+        sources = [(pw, provider)]
+        for j, credential in enumerate(provider.get("credentials", []) if isinstance(provider.get("credentials"), list) else []):
+            cw = f"{pw}.credentials[{j}]"
+            if _typed_fields(credential, CREDENTIAL_FIELDS, ("id",), cw, problems):
+                if ("api_key" in credential) == ("api_key_env" in credential):
+                    problems.add(cw, "exactly one of `api_key` and `api_key_env`")
+                sources.append((cw, credential))
+        for sw, source in sources:
+            env = source.get("api_key_env")
+            if isinstance(env, str) and env not in around.env_keys:
+                problems.add(f"{sw}.api_key_env", f"`{env}` is not passed to the VM (vm_config.environment_variables)")
     for i, model in enumerate(config.get("models", []) if isinstance(config.get("models"), list) else []):
         mw = f"{where}.models[{i}]"
         if not _typed_fields(model, MODEL_FIELDS, ("id", "endpoints"), mw, problems):
             continue
+        if model.get("strategy", "weighted") not in ("weighted", "fewest_in_flight"):
+            problems.add(f"{mw}.strategy", "must be one of weighted, fewest_in_flight")
         for j, endpoint in enumerate(model.get("endpoints", []) if isinstance(model.get("endpoints"), list) else []):
             ew = f"{mw}.endpoints[{j}]"
             if _typed_fields(endpoint, ENDPOINT_FIELDS, ("provider", "model"), ew, problems):

@@ -114,6 +114,14 @@ class CheckConfigsFails(unittest.TestCase):
         self.assert_fails("envoy/local-router.yaml", "fallback: must be one of http_call, router")
 
     # ---- the plugin configuration embedded in the bootstrap ---------------------------
+    def test_misspelled_credential_field(self) -> None:
+        self.mutate("envoy/envoy.yaml", '"api_key_env": "OPENAI_API_KEY"', '"credentials": [{"id": "a", "api_key_envv": "OPENAI_API_KEY"}]')
+        self.assert_fails("envoy/envoy.yaml", "credentials[0]: unknown field `api_key_envv`")
+
+    def test_unknown_strategy(self) -> None:
+        self.mutate("envoy/envoy.yaml", '"endpoints": [', '"strategy": "round_robin", "endpoints": [')
+        self.assert_fails("envoy/envoy.yaml", "strategy: must be one of weighted, fewest_in_flight")
+
     def test_misspelled_health_field(self) -> None:
         self.mutate("envoy/envoy.yaml", '"limits": "global",', '"limits": "global", "health": {"cooldown": 30000},')
         self.assert_fails("envoy/envoy.yaml", "health: unknown field `cooldown`")

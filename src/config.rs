@@ -793,6 +793,67 @@ mod tests {
     }
 
     #[test]
+    fn credentials_weights_priorities_and_health_are_read_and_checked() {
+        let json = br#"{"providers":[
+            {"id":"a","api":"openai","cluster":"c","authority":"h","credentials":[
+                {"id":"east","api_key":"k1","weight":3},{"id":"west","api_key_env":"WEST"}]}],
+            "models":[{"id":"m","strategy":"fewest_in_flight","endpoints":[
+                {"provider":"a","model":"x","weight":2,"priority":0},{"provider":"a","model":"y"}]}],
+            "health":{"failures":5,"cooldown_ms":400000}}"#;
+        let env = |name: &str| (name == "WEST").then(|| "k2".to_string());
+        let c = Config::parse(json, &env).unwrap();
+        let keys: Vec<(&str, &str, u32, usize)> = c
+            .credentials("a")
+            .map(|p| {
+                (
+                    p.credential_id.as_str(),
+                    p.credential_text(),
+                    p.credential_weight,
+                    p.credential_count,
+                )
+            })
+            .collect();
+        assert_eq!(keys, [("east", "k1", 3, 2), ("west", "k2", 1, 2)]);
+        assert_eq!(
+            c.provider("a").map(|p| p.attempt_name().into_owned()),
+            Some("a#east".into())
+        );
+        let m = &c.models[0];
+        assert_eq!(m.strategy, Strategy::FewestInFlight);
+        let e: Vec<(u32, u32)> = m.endpoints.iter().map(|e| (e.weight, e.priority)).collect();
+        assert_eq!(e, [(2, 0), (1, 1)], "the list's position is the default priority");
+        assert_eq!((c.health.failures, c.health.cooldown_ms), (5, 400_000));
+        assert_eq!(c.health.max_cooldown_ms, 400_000, "the cap is at least the cooldown");
+
+        let json = br#"{"providers":[
+            {"id":"a","api":"openai","cluster":"c","authority":"h","api_key":"k","credentials":[{"id":"x","api_key":"k"}]},
+            {"id":"b","api":"openai","cluster":"c","authority":"h","credentials":[
+                {"id":"x","api_key":"k","weight":0},{"id":"x","api_key":"k"},{"id":"y"}]}],
+            "models":[{"id":"m","strategy":"round_robin","endpoints":[{"provider":"b","model":"x","weight":0}]}],
+            "health":{"failures":0,"cooldown_ms":10,"max_cooldown_ms":5}}"#;
+        let err = Config::parse(json, &no_env).unwrap_err();
+        assert!(err.iter().any(|e| e.contains("round_robin")), "{err:?}");
+        let json = br#"{"providers":[
+            {"id":"a","api":"openai","cluster":"c","authority":"h","api_key":"k","credentials":[{"id":"x","api_key":"k"}]},
+            {"id":"b","api":"openai","cluster":"c","authority":"h","credentials":[
+                {"id":"x","api_key":"k","weight":0},{"id":"x","api_key":"k"},{"id":"y"}]}],
+            "models":[{"id":"m","endpoints":[{"provider":"b","model":"x","weight":0}]}],
+            "health":{"failures":0,"cooldown_ms":10,"max_cooldown_ms":5}}"#;
+        let err = Config::parse(json, &no_env).unwrap_err().join("\n");
+        for needle in [
+            "providers[0] (\"a\"): exactly one of api_key_env, api_key and a non-empty credentials",
+            "credentials[0] (\"x\"): weight must be between 1 and 1000000",
+            "credentials[1] (\"x\"): duplicate credential id",
+            "credentials[2] (\"y\"): exactly one of api_key_env and api_key",
+            "endpoints[0]: weight must be between 1 and 1000000",
+            "health.failures: must be between 1 and 1000",
+            "health.max_cooldown_ms: must be at least cooldown_ms",
+        ] {
+            assert!(err.contains(needle), "{needle} not in:\n{err}");
+        }
+    }
+
+    #[test]
     fn limits_are_local_or_global() {
         let c = Config::parse(br#"{"limits": "global"}"#, &no_env).unwrap();
         assert_eq!(c.limits, Limits::Global);

@@ -22,7 +22,7 @@ export WAYGATE_ENVOY := $(CURDIR)/$(ENVOY)
 ROUTER_FALLBACK_VERSIONS := 1.40.0
 ROUTER_FALLBACK := $(filter $(WAYGATE_ENVOY_VERSION),$(ROUTER_FALLBACK_VERSIONS))
 
-.PHONY: all toolchain build wasm wasm-opt redis fakes envoy run test test-integration trapping-filter lint check-configs bench clean fuzz soak
+.PHONY: all toolchain build wasm wasm-opt redis fakes envoy run test test-integration compose-test trapping-filter lint check-configs bench clean fuzz soak
 
 all: build
 
@@ -103,7 +103,7 @@ $(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json $(NODE_CLI
 
 # Unit tests, the fakes' and the rate limit service's tests, and every integration test (tests/) through real Envoy; on
 # an Envoy with per-retry cluster choice the integration tests run a second time on
-# envoy/local-router.yaml (WAYGATE_TEST_FALLBACK=router, README "Routing and fallback").
+# envoy/local-router.yaml (WAYGATE_TEST_FALLBACK=router, docs/deploying.md "Routing and fallback").
 # Every run selects the whole workspace: cargo resolves features per selection, so a `-p`
 # run would rebuild the shared dependencies (a minute or more each time).
 test: build trapping-filter envoy redis $(PYENV)/.installed $(NODE_CLIENTS)/node_modules/.installed
@@ -114,6 +114,13 @@ test: build trapping-filter envoy redis $(PYENV)/.installed $(NODE_CLIENTS)/node
 # (tests/chaos.rs): it traps on demand, which waygate never does. Its own workspace.
 trapping-filter: toolchain
 	$(CARGO) build -q --manifest-path tests/trapping_filter/Cargo.toml --target wasm32-wasip1 --release --target-dir target/trapping
+
+# docker-compose.yml brought up for real, with no image registry (scripts/compose/test.sh):
+# the engine and Compose v2 installed and started when missing, every image built from a
+# debootstrap base (scripts/compose/offline.yml), the stack checked through its published
+# ports (scripts/compose/checks.py) and torn down whatever happened. Needs root.
+compose-test: build envoy
+	bash scripts/compose/test.sh
 
 # Only the integration tests, through WAYGATE_ENVOY_VERSION (CI runs them on each version).
 test-integration: build trapping-filter envoy redis $(PYENV)/.installed $(NODE_CLIENTS)/node_modules/.installed
@@ -133,6 +140,7 @@ check-configs: $(CONFIGS_PYENV)/.installed
 	$(CONFIGS_PYENV)/bin/python scripts/test_check_configs.py
 
 lint: toolchain check-configs
+	python3 scripts/check_links.py
 	$(CARGO) fmt --all -- --check
 	@# The crates with workspaces of their own: the bench's floor and calls filters, the
 	@# tests' trapping filter and the fuzz targets.
@@ -157,7 +165,7 @@ wasm-opt:
 	@command -v wasm-opt >/dev/null || { apt-get install -y -qq binaryen || { apt-get update -qq && \
 	  apt-get install -y -qq binaryen; }; } >/dev/null 2>&1 || echo "binaryen not installed: the .wasm is not optimised"
 
-# Benchmarks, never run in CI (README "Performance"): the core natively (criterion), then
+# Benchmarks, never run in CI (docs/performance.md "Performance"): the core natively (criterion), then
 # end-to-end load through real Envoy with and without the filter (benches/envoy.rs).
 # binaryen first: the module measured is the one users get, after wasm-opt.
 bench: wasm-opt envoy
@@ -171,7 +179,7 @@ bench: wasm-opt envoy
 	$(CARGO) bench -q -p waygate --bench envoy
 
 # cargo-fuzz targets on nightly (fuzz/, its own workspace), FUZZ_SECONDS each (default
-# 30); prints executions, coverage and crashes per target (README "Robustness").
+# 30); prints executions, coverage and crashes per target (docs/robustness.md "Robustness").
 fuzz:
 	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked

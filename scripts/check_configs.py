@@ -469,7 +469,7 @@ RATE_LIMIT_FILTER = "envoy.extensions.filters.http.ratelimit.v3.RateLimit"
 
 
 def check_limits(config: dict, where: str, around: Surroundings, problems: Problems) -> None:
-    """`"limits": "global"` (README "Limits and stats") needs Envoy's rate limit filter after
+    """`"limits": "global"` (docs/operating.md "Limits and stats") needs Envoy's rate limit filter after
     waygate, in domain `waygate`, with the descriptors the service counts; `local` must not
     have one (a key would be counted twice)."""
     limits = config.get("limits", "local")
@@ -514,7 +514,7 @@ RETRIED_STATUSES = {401, 403, 404, 408, 409, 429}
 
 
 def check_router_fallback(providers: dict, where: str, around: Surroundings, problems: Problems) -> None:
-    """`"fallback": "router"` (README "Routing and fallback"): one route for the requests the
+    """`"fallback": "router"` (docs/deploying.md "Routing and fallback"): one route for the requests the
     filter marks, choosing each attempt's cluster from the filter's slots and retrying on the
     contract's failures, and the filter's upstream role on every provider cluster."""
     routed = [r for r in around.routes if ROUTED_HEADER in r.present]
@@ -1163,9 +1163,9 @@ def check_istio(directory: Path, root: Path, problems: Problems) -> None:
                 check_wasm_plugin(plugin, f"{where} configPatches[{i}] patch.value.typed_config.config", around, problems)
                 if router.routes:
                     # Applied together with router-fallback.yaml, the plugin says "router"
-                    # (README "Load into Istio" switches it with sed on this very text).
+                    # (docs/deploying.md "Load into Istio" switches it with sed on this very text).
                     if '"fallback": "http_call"' not in plugin.get("configuration", {}).get("value", ""):
-                        problems.add(f"{where} configPatches[{i}]", 'the plugin configuration must say `"fallback": "http_call"` literally: README switches it to router with sed')
+                        problems.add(f"{where} configPatches[{i}]", 'the plugin configuration must say `"fallback": "http_call"` literally: docs/deploying.md switches it to router with sed')
                     check_wasm_plugin(_switched_to_router(plugin), f"{where} configPatches[{i}] (\"fallback\": \"router\", with the router fallback patches) patch.value.typed_config.config", around, problems)
                 for name, upstream in router.upstream_roles.items():
                     if upstream.get("vm_config") != plugin.get("vm_config"):

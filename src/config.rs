@@ -40,7 +40,7 @@ pub enum Fallback {
     /// Envoy's router retries, cluster by cluster, with the filter also
     /// installed as an upstream filter that rewrites each attempt: the next
     /// provider's answer streams. Needs Envoy >= 1.39 and its route shape
-    /// (README "Routing and fallback").
+    /// (docs/deploying.md "Routing and fallback").
     Router,
 }
 
@@ -53,7 +53,7 @@ pub enum Limits {
     /// By Envoy's global rate limit filter and a rate limit service, across
     /// every replica. The filter counts nothing; it publishes the key id and
     /// each answer's tokens for the rate limit filter's descriptors, and
-    /// reshapes that filter's refusals (README "Limits and stats").
+    /// reshapes that filter's refusals (docs/operating.md "Limits and stats").
     Global,
 }
 

@@ -79,7 +79,7 @@ pub enum BodyStep {
 }
 
 /// The filter state `wasm.waygate_key_id`: the client key's id, for Envoy's
-/// rate limit descriptors and access log (README "Limits and stats").
+/// rate limit descriptors and access log (docs/operating.md "Limits and stats").
 pub const KEY_ID_PROPERTY: &str = "waygate_key_id";
 /// The rewritten request to send upstream, applied in field order.
 #[derive(Debug, Clone)]

@@ -370,7 +370,7 @@ fn with_router_retries_a_fallback_stream_reaches_the_client_as_it_is_generated()
 /// the `fake` cluster past them for every request. The filter counts the refusal as the
 /// attempt `<provider>:error`. With http-call fallback it then falls back; Envoy's router
 /// never retries a refusal of its own circuit breakers, so with router fallback the
-/// client gets the contract's 502 whatever the chain (README "Load into your Envoy").
+/// client gets the contract's 502 whatever the chain (docs/deploying.md "Load into your Envoy").
 #[test]
 fn a_provider_cluster_past_its_circuit_breakers_falls_back_or_gets_502() {
     let mut config = chain_config(&[("fake", "ok"), ("spare", "ok")]);

@@ -1,4 +1,4 @@
-//! Keys' limits across replicas (`"limits": "global"`, README "Limits and stats"): two
+//! Keys' limits across replicas (`"limits": "global"`, docs/operating.md "Limits and stats"): two
 //! Envoys, each with the filter and Envoy's rate limit filter as `envoy/envoy.yaml` ships
 //! them, share one rate limit service (`waygate-ratelimit`) and one real Redis.
 //!

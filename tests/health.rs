@@ -280,3 +280,30 @@ fn endpoints_of_one_priority_share_the_load_by_weight() {
     // 3 of 4 expected (300); a binomial's standard deviation here is 8.7.
     assert!((265..=335).contains(&fake), "fake served {fake} of {n}");
 }
+
+#[test]
+fn every_inbound_api_plans_around_an_open_circuit() {
+    let gw = Gateway::with_config(&config(&[("fakeanthropic", "status-529"), ("fake", "ok")], 60_000));
+    let key = [("x-api-key", common::DEV_KEY), ("content-type", "application/json")];
+    let bearer = format!("Bearer {}", common::DEV_KEY);
+    let json_bearer = [("authorization", bearer.as_str()), ("content-type", "application/json")];
+    let messages = json!({"model": "chain/x", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]});
+    for _ in 0..3 {
+        let r = gw.send("POST", "/api/v1/messages", &key, messages.to_string().as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:529,fake:200"));
+    }
+    let mut streamed = messages.clone();
+    streamed["stream"] = true.into();
+    let r = gw.send("POST", "/api/v1/messages", &key, streamed.to_string().as_bytes());
+    assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:open,fake:200"));
+    assert!(r.text().ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
+    let responses = json!({"model": "chain/x", "input": "hi"});
+    let r = gw.send("POST", "/api/v1/responses", &json_bearer, responses.to_string().as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:open,fake:200"));
+    assert_eq!(r.json()["object"], "response");
+    let r = gw.send("POST", "/api/v1/completions", &json_bearer, br#"{"model":"chain/x","prompt":"hi"}"#);
+    assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:open,fake:200"));
+    assert_eq!(received(&gw.fakes, "status-529"), 3);
+}

@@ -385,7 +385,7 @@ pub fn check_client_stream(out: &[u8], op: Operation, ended: bool, stamp: Option
 /// member's string, so two writings of one chunk, its members in another order,
 /// would read as different values; found by `stream_openai`). A copied OpenAI
 /// chunk may hold a number beyond f64's range, passed on as the provider wrote
-/// it where the DOM refuses it (README "Robustness"; the stamping of answers
+/// it where the DOM refuses it (docs/robustness.md "Robustness"; the stamping of answers
 /// does the same): such an event must still be JSON as serde's raw values read
 /// it, and its members that the DOM refuses stand in as an empty array or
 /// object, or their raw text, for the checks of the event's shape.

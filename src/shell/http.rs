@@ -31,7 +31,7 @@ pub struct Stream {
     routed_count: Option<u64>,
     /// A size Envoy's body buffers are known to take: the listener's
     /// `per_connection_buffer_limit_bytes` must be above `max_request_bytes`
-    /// for requests to pass at all (README, "Running it in Envoy").
+    /// for requests to pass at all (docs/deploying.md, "Running it in Envoy").
     envoy_buffer_floor: usize,
     /// A streamed chunk's rewrite, reused by every chunk of the stream.
     stream_out: Vec<u8>,
@@ -318,7 +318,7 @@ impl HttpContext for Stream {
         };
         let pairs = map.pairs();
         // Read only for a non-2xx answer (a 2xx is the provider's): the
-        // property read costs ~2.5 µs a request in Envoy (README "Performance").
+        // property read costs ~2.5 µs a request in Envoy (docs/performance.md "Performance").
         let details = || host::property(&["response", "code_details"]);
         let step = self.exchange.on_response_headers(&pairs, details, end_of_stream);
         for (name, value) in &step.scrub {

@@ -1,6 +1,6 @@
 //! Waygate's host calls and nothing else: for the bench's OpenAI-compatible request, the
 //! same reads and writes of headers, bodies, filter state, stats, clock and log line, in the
-//! same callbacks, as waygate's shell makes (README "Performance" counts them: 39 for the
+//! same callbacks, as waygate's shell makes (docs/performance.md "Performance" counts them: 39 for the
 //! non-streamed request), with no parsing, validation, translation or record behind them.
 //! The values are fixed, the bodies go back as they came (but for the model's provider
 //! prefix, which the fake upstream would not know, and a stream's usage asked for, as

@@ -297,13 +297,26 @@ fn every_inbound_api_plans_around_an_open_circuit() {
     streamed["stream"] = true.into();
     let r = gw.send("POST", "/api/v1/messages", &key, streamed.to_string().as_bytes());
     assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:open,fake:200"));
-    assert!(r.text().ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
+    assert!(
+        r.text()
+            .ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+    );
     let responses = json!({"model": "chain/x", "input": "hi"});
-    let r = gw.send("POST", "/api/v1/responses", &json_bearer, responses.to_string().as_bytes());
+    let r = gw.send(
+        "POST",
+        "/api/v1/responses",
+        &json_bearer,
+        responses.to_string().as_bytes(),
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:open,fake:200"));
     assert_eq!(r.json()["object"], "response");
-    let r = gw.send("POST", "/api/v1/completions", &json_bearer, br#"{"model":"chain/x","prompt":"hi"}"#);
+    let r = gw.send(
+        "POST",
+        "/api/v1/completions",
+        &json_bearer,
+        br#"{"model":"chain/x","prompt":"hi"}"#,
+    );
     assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:open,fake:200"));
     assert_eq!(received(&gw.fakes, "status-529"), 3);
 }

@@ -400,7 +400,8 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
             }
         }
     }
-    let now = 1_700_000_000 + u64::from(input.now % 600) + round;
+    // Unix milliseconds.
+    let now = (1_700_000_000 + u64::from(input.now % 600) + round) * 1000;
     let finished = match step.action {
         HeadersAction::Continue => {
             assert!(
@@ -580,6 +581,8 @@ fuzz_target!(|input: Input| {
     let mut store = MemoryStore::default();
     // As the shell's on_configure does before the VM serves.
     waygate::limits::prepare(&mut store, &cfg.keys);
+    waygate::health::prepare(&mut store, &cfg.providers);
+    waygate::inflight::prepare(&mut store, &cfg);
     for round in 0..=u64::from(input.repeat % 5) {
         run(&input, &cfg, &mut store, round);
     }

@@ -1,6 +1,7 @@
-//! Model resolution, the routing object and the candidate plan: errors are
-//! envelopes, and a plan only ever holds configured, credentialed, distinct
-//! candidates in the order the routing object asks for.
+//! Model resolution, the spread over priorities and weights, the routing
+//! object and the candidate plan: errors are envelopes, the spread keeps every
+//! candidate in priority order, and a plan only ever holds configured,
+//! credentialed, distinct candidates in the order the routing object asks for.
 
 #![no_main]
 
@@ -15,15 +16,27 @@ fuzz_target!(|data: &[u8]| {
     };
     let cfg = config();
     let model = body.get("model").and_then(Value::as_str).unwrap_or("chain/x");
-    let defaults = match routing::resolve(&cfg, model) {
-        Ok(d) => d,
+    let resolved = match routing::resolve(&cfg, model) {
+        Ok(r) => r,
         Err(e) => {
             check_api_error(&e);
             assert!(e.status == 400 || e.status == 404, "{e:?}");
             return;
         }
     };
+    let listed = resolved.candidates.clone();
+    // The draws come from the input, so every order is reachable.
+    let mut bytes = data.iter().cycle();
+    let mut draw = || bytes.next().map_or(0, |b| u64::from(*b));
+    let mut inflight = |key: &str| key.len() as u64 % 3;
+    let defaults = routing::spread(resolved.candidates, resolved.strategy, &mut draw, &mut inflight);
     assert!(!defaults.is_empty());
+    assert_eq!(defaults.len(), listed.len(), "the spread keeps every candidate");
+    assert!(listed.iter().all(|c| defaults.contains(c)));
+    assert!(
+        defaults.windows(2).all(|w| w[0].priority <= w[1].priority),
+        "by priority"
+    );
     assert!(defaults.iter().all(|c| cfg.providers.contains(&c.provider)));
     let directive = match routing::parse_directive(&cfg, body.get(&cfg.routing_field)) {
         Ok(d) => d,
@@ -63,5 +76,6 @@ fuzz_target!(|data: &[u8]| {
         .iter()
         .map_while(|c| directive.prefer.iter().position(|p| *p == c.provider.id))
         .collect();
-    assert!(ranks.windows(2).all(|w| w[0] < w[1]), "prefer order kept: {ranks:?}");
+    // A provider's candidates (its credentials, its endpoints) come together.
+    assert!(ranks.windows(2).all(|w| w[0] <= w[1]), "prefer order kept: {ranks:?}");
 });

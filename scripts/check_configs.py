@@ -273,7 +273,15 @@ PLUGIN_FIELDS = {
     "models": list,
     "health": dict,
 }
-HEALTH_FIELDS = {"enabled": bool, "failures": "count", "cooldown_ms": "count", "max_cooldown_ms": "count"}
+HEALTH_FIELDS = {
+    "enabled": bool,
+    "failures": "count",
+    "cooldown_ms": "count",
+    "max_cooldown_ms": "count",
+    "failure_percent": "count",
+    "window_ms": "count",
+    "min_requests": "count",
+}
 KEY_FIELDS = {"id": str, "sha256": str, "models": list, "requests_per_minute": "count", "tokens_per_minute": "count"}
 PROVIDER_FIELDS = {
     "id": str,

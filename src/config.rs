@@ -85,6 +85,12 @@ pub struct Health {
     /// close in between doubles it, up to `max_cooldown_ms`.
     pub cooldown_ms: u64,
     pub max_cooldown_ms: u64,
+    /// A circuit also opens once this share of its attempts (in percent)
+    /// failed within `window_ms` of its first failure, over at least
+    /// `min_requests` attempts; `None`: consecutive failures only.
+    pub failure_percent: Option<u32>,
+    pub window_ms: u64,
+    pub min_requests: u32,
 }
 
 impl Default for Health {
@@ -94,6 +100,9 @@ impl Default for Health {
             failures: 3,
             cooldown_ms: 30_000,
             max_cooldown_ms: 300_000,
+            failure_percent: None,
+            window_ms: 60_000,
+            min_requests: 10,
         }
     }
 }
@@ -292,6 +301,12 @@ struct RawHealth {
     cooldown_ms: Option<u64>,
     #[serde(default, deserialize_with = "whole_number")]
     max_cooldown_ms: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
+    failure_percent: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
+    window_ms: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
+    min_requests: Option<u64>,
 }
 
 impl RawHealth {
@@ -309,11 +324,25 @@ impl RawHealth {
         if max_cooldown_ms < cooldown_ms {
             problems.push("health.max_cooldown_ms: must be at least cooldown_ms".into());
         }
+        if self.failure_percent.is_some_and(|p| p == 0 || p > 100) {
+            problems.push("health.failure_percent: must be between 1 and 100".into());
+        }
+        let window_ms = self.window_ms.unwrap_or(default.window_ms);
+        if window_ms == 0 {
+            problems.push("health.window_ms: must be at least 1".into());
+        }
+        let min_requests = self.min_requests.unwrap_or(u64::from(default.min_requests));
+        if min_requests == 0 || min_requests > 100_000 {
+            problems.push("health.min_requests: must be between 1 and 100000".into());
+        }
         Health {
             enabled: self.enabled.unwrap_or(default.enabled),
             failures: u32::try_from(failures).unwrap_or(u32::MAX),
             cooldown_ms,
             max_cooldown_ms,
+            failure_percent: self.failure_percent.and_then(|p| u32::try_from(p).ok()),
+            window_ms,
+            min_requests: u32::try_from(min_requests).unwrap_or(u32::MAX),
         }
     }
 }

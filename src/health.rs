@@ -94,6 +94,50 @@ struct Circuit {
     open_until: u64,
     /// A probe is out until then (the lease of the request that claimed it).
     probe_until: u64,
+    /// The failure ratio's window (`health.failure_percent`): when it began
+    /// (at a failure: a circuit without one is not stored), the attempts and
+    /// failures counted in it.
+    window_start: u64,
+    requests: u32,
+    window_failures: u32,
+}
+
+impl Circuit {
+    /// Counts one attempt in the ratio's window, starting a new window when
+    /// there is none or it has run out.
+    fn count(&mut self, settings: &Health, now: u64, failed: bool) {
+        if settings.failure_percent.is_none() {
+            return;
+        }
+        if self.requests == 0 || now >= self.window_start.saturating_add(settings.window_ms) {
+            if !failed {
+                // A window only begins at a failure.
+                *self = Circuit {
+                    window_start: 0,
+                    requests: 0,
+                    window_failures: 0,
+                    ..*self
+                };
+                return;
+            }
+            self.window_start = now;
+            self.requests = 0;
+            self.window_failures = 0;
+        }
+        self.requests = self.requests.saturating_add(1);
+        if failed {
+            self.window_failures = self.window_failures.saturating_add(1);
+        }
+    }
+
+    /// The failure ratio has reached `health.failure_percent` over at least
+    /// `health.min_requests` attempts.
+    fn ratio_reached(&self, settings: &Health) -> bool {
+        settings.failure_percent.is_some_and(|percent| {
+            self.requests >= settings.min_requests
+                && u64::from(self.window_failures) * 100 >= u64::from(percent) * u64::from(self.requests)
+        })
+    }
 }
 
 /// A circuit as planning sees it at one moment.
@@ -130,9 +174,10 @@ struct Entry {
     circuit: Circuit,
 }
 
-/// One provider's circuits, as stored: a line per circuit that is open or
-/// has failures, `<scope> <failures> <opens> <open_until> <probe_until> <name>`
-/// (the name last: a model may hold spaces).
+/// One provider's circuits, as stored: a line per circuit that is open, has
+/// failures or a failure ratio's window, `<scope> <failures> <opens>
+/// <open_until> <probe_until> <window_start> <requests> <window_failures>
+/// <name>` (the name last: a model may hold spaces).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Board {
     entries: Vec<Entry>,
@@ -146,13 +191,16 @@ impl Board {
     }
 
     fn decode_line(line: &str) -> Option<Entry> {
-        let mut parts = line.splitn(6, ' ');
+        let mut parts = line.splitn(9, ' ');
         let scope = Scope::from_tag(parts.next()?)?;
         let mut number = || parts.next()?.parse::<u64>().ok();
         let failures = u32::try_from(number()?).ok()?;
         let opens = u32::try_from(number()?).ok()?;
         let open_until = number()?;
         let probe_until = number()?;
+        let window_start = number()?;
+        let requests = u32::try_from(number()?).ok()?;
+        let window_failures = u32::try_from(number()?).ok()?;
         let name = parts.next()?.to_string();
         Some(Entry {
             scope,
@@ -162,6 +210,9 @@ impl Board {
                 opens,
                 open_until,
                 probe_until,
+                window_start,
+                requests,
+                window_failures,
             },
         })
     }
@@ -180,6 +231,12 @@ impl Board {
                 &c.open_until.to_string(),
                 " ",
                 &c.probe_until.to_string(),
+                " ",
+                &c.window_start.to_string(),
+                " ",
+                &c.requests.to_string(),
+                " ",
+                &c.window_failures.to_string(),
                 " ",
                 &e.name,
                 "\n",
@@ -218,10 +275,14 @@ impl Board {
         self.entries.get_mut(at).map(|e| &mut e.circuit)
     }
 
-    /// Closed circuits without failures are not kept: a healthy provider's
-    /// entry is empty.
-    fn prune(&mut self) {
-        self.entries.retain(|e| e.circuit.opens > 0 || e.circuit.failures > 0);
+    /// Closed circuits without failures or a live window are not kept: a
+    /// healthy provider's entry is empty.
+    fn prune(&mut self, settings: &Health, now: u64) {
+        self.entries.retain(|e| {
+            let c = &e.circuit;
+            let window = c.requests > 0 && now < c.window_start.saturating_add(settings.window_ms);
+            c.opens > 0 || c.failures > 0 || (settings.failure_percent.is_some() && window)
+        });
     }
 
     /// The candidate's three circuits, the worst first: cooling, then
@@ -319,7 +380,7 @@ pub fn arrange(
             ready.push(candidate);
             continue;
         }
-        match claim(store, &candidate, now, now.saturating_add(lease_ms)) {
+        match claim(store, settings, &candidate, now, now.saturating_add(lease_ms)) {
             Claim::Clean => {
                 ticket.clean.push(candidate.provider.id.clone());
                 ready.push(candidate);
@@ -366,7 +427,7 @@ enum Claim {
 
 /// Reads the candidate's circuits and, when its cooldowns are over and no
 /// probe is out, claims the probe until `lease`.
-fn claim(store: &mut dyn SharedStore, candidate: &Candidate, now: u64, lease: u64) -> Claim {
+fn claim(store: &mut dyn SharedStore, settings: &Health, candidate: &Candidate, now: u64, lease: u64) -> Claim {
     let key = key(&candidate.provider);
     let model = candidate.upstream_model.as_str();
     let credential = candidate.provider.credential_id.as_str();
@@ -395,7 +456,7 @@ fn claim(store: &mut dyn SharedStore, candidate: &Candidate, now: u64, lease: u6
                 c.probe_until = lease;
             }
         }
-        board.prune();
+        board.prune(settings, now);
         match store.set(&key, &board.encode(), cas) {
             Ok(()) => return Claim::Probe(lease, open),
             Err(StoreError::CasMismatch) => continue,
@@ -519,7 +580,7 @@ fn update(
                 }
             }
         }
-        board.prune();
+        board.prune(settings, now);
         if board == before {
             return;
         }
@@ -552,8 +613,11 @@ fn apply(
             if let Some(c) = board.get_mut(scope, name) {
                 if c.opens > 0 {
                     changed(scope, name, None);
+                    *c = Circuit::default();
+                } else {
+                    c.failures = 0;
+                    c.count(settings, now, false);
                 }
-                *c = Circuit::default();
             }
         }
         return;
@@ -569,11 +633,12 @@ fn apply(
         }
         let Some(c) = board.get_mut(scope, name) else { continue };
         c.failures = c.failures.saturating_add(1);
+        c.count(settings, now, true);
         // A failure while the cooldown runs (every candidate was open, so
         // this one was tried anyway) changes nothing more; after it, it is a
         // failed probe, and the circuit opens again for longer.
-        let opens = (c.opens == 0 && (c.failures >= settings.failures || told.is_some()))
-            || (c.opens > 0 && now >= c.open_until);
+        let tripped = c.failures >= settings.failures || told.is_some() || c.ratio_reached(settings);
+        let opens = (c.opens == 0 && tripped) || (c.opens > 0 && now >= c.open_until);
         if opens {
             c.opens = c.opens.saturating_add(1);
             let cooldown = told.unwrap_or_else(|| {

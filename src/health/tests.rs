@@ -352,3 +352,33 @@ fn the_stored_board_reads_back_and_bounds_what_clients_name() {
         assert!(Board::decode(junk).entries.is_empty(), "{junk:?}");
     }
 }
+
+#[test]
+fn a_failure_ratio_over_a_window_opens_a_circuit_that_never_failed_three_times_running() {
+    let mut cfg = config();
+    cfg.health.failure_percent = Some(50);
+    cfg.health.min_requests = 4;
+    cfg.health.window_ms = 10_000;
+    let mut store = new_store(&cfg);
+    let outcomes = [503, 200, 503, 200, 503].map(Outcome::Status);
+    let mut opened_at = None;
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        let changes = fail(&mut store, &cfg, "a", "m", outcome, T0 + i as u64);
+        if !opened(&changes).is_empty() {
+            opened_at = Some(i);
+        }
+    }
+    // 3 of 5 failed: past half once at least 4 were counted.
+    assert_eq!(opened_at, Some(4));
+    // The same failures spread over more than the window never reach it.
+    let mut store = new_store(&cfg);
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        let changes = fail(&mut store, &cfg, "a", "m", outcome, T0 + i as u64 * 6_000);
+        assert!(opened(&changes).is_empty(), "{i}");
+    }
+    // A success with no failure in the window writes nothing.
+    let mut store = new_store(&cfg);
+    let before = store.values.clone();
+    fail(&mut store, &cfg, "a", "m", Outcome::Status(200), T0);
+    assert_eq!(store.values, before);
+}

@@ -320,3 +320,35 @@ fn every_inbound_api_plans_around_an_open_circuit() {
     assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:open,fake:200"));
     assert_eq!(received(&gw.fakes, "status-529"), 3);
 }
+
+#[test]
+fn fewest_in_flight_sends_the_next_request_to_the_idle_endpoint() {
+    let mut plugin = common::test_plugin_config();
+    plugin["models"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"id": "busy/x", "strategy": "fewest_in_flight",
+        "endpoints": [
+            {"provider": "fake", "model": "slow-1500", "priority": 0},
+            {"provider": "backup", "model": "slow-1500", "priority": 0}
+        ]}));
+    let gw = Gateway::with_config(&plugin);
+    let ask = || gw.chat(json!({"model": "busy/x", "messages": [{"role": "user", "content": "hi"}]}));
+    // With weights alone the second request would pick the busy endpoint half the
+    // time; six rounds in a row would pass by chance once in 64 runs.
+    for round in 0..6 {
+        std::thread::scope(|s| {
+            let first = s.spawn(ask);
+            // The first request is planned (and counted) before the second starts.
+            std::thread::sleep(Duration::from_millis(400));
+            let second = ask();
+            let first = first.join().unwrap();
+            assert_eq!((first.status, second.status), (200, 200), "round {round}");
+            assert_ne!(
+                first.header("x-waygate-provider"),
+                second.header("x-waygate-provider"),
+                "round {round}: the second went to the endpoint already busy"
+            );
+        });
+    }
+}

@@ -14,15 +14,18 @@
 //!    inbound API: [`inbound`] rewrites a Responses or Messages request as
 //!    one; [`request`] validates it (one set of rules over the client's text,
 //!    or serde's DOM where its walk is not sure), [`routing`] resolves the
-//!    model to candidates and applies the routing object, [`providers`]
-//!    translates it for the chosen provider's API.
+//!    model to candidates, spreads them over priorities, weights and
+//!    credentials and applies the routing object, [`health`] puts those with
+//!    an open circuit last, [`providers`] translates it for the chosen
+//!    provider's API.
 //! 4. Response: a stream goes through [`stream`] (one [`sse`] framer, one
 //!    provider translator, OpenAI chunks out); a JSON answer or an error is
 //!    buffered and reshaped by [`answer`] or into an [`errors::ApiError`];
 //!    [`inbound`] then rewrites either into the client's API. Whatever came
 //!    from a provider has its credential scrubbed ([`redact`]).
 //! 5. The access log line and the stats come from [`exchange::Exchange::on_log`],
-//!    out of the [`record`] the exchange kept of the request.
+//!    out of the [`record`] the exchange kept of the request; every attempt's
+//!    outcome goes to [`health`], shared by the workers of one Envoy.
 //!
 //! Under `base_path`, `GET /models` and `GET /models/{id}` are answered by
 //! [`models`] once the key is checked.

@@ -218,31 +218,23 @@ impl Board {
     }
 
     fn encode(&self) -> Vec<u8> {
+        use std::fmt::Write;
         let mut out = String::new();
         for e in &self.entries {
             let c = &e.circuit;
-            for part in [
+            let _ = writeln!(
+                out,
+                "{} {} {} {} {} {} {} {} {}",
                 e.scope.tag(),
-                " ",
-                &c.failures.to_string(),
-                " ",
-                &c.opens.to_string(),
-                " ",
-                &c.open_until.to_string(),
-                " ",
-                &c.probe_until.to_string(),
-                " ",
-                &c.window_start.to_string(),
-                " ",
-                &c.requests.to_string(),
-                " ",
-                &c.window_failures.to_string(),
-                " ",
-                &e.name,
-                "\n",
-            ] {
-                out.push_str(part);
-            }
+                c.failures,
+                c.opens,
+                c.open_until,
+                c.probe_until,
+                c.window_start,
+                c.requests,
+                c.window_failures,
+                e.name
+            );
         }
         out.into_bytes()
     }
@@ -380,6 +372,11 @@ pub fn arrange(
             ready.push(candidate);
             continue;
         }
+        let held = |open| Held {
+            provider: Rc::clone(&candidate.provider),
+            model: candidate.upstream_model.clone(),
+            open,
+        };
         match claim(store, settings, &candidate, now, now.saturating_add(lease_ms)) {
             Claim::Clean => {
                 ticket.clean.push(candidate.provider.id.clone());
@@ -387,20 +384,11 @@ pub fn arrange(
             }
             Claim::Healthy => ready.push(candidate),
             Claim::Probe(until, open) => {
-                let held = Held {
-                    provider: Rc::clone(&candidate.provider),
-                    model: candidate.upstream_model.clone(),
-                    open,
-                };
-                ticket.probes.push((held, until));
+                ticket.probes.push((held(open), until));
                 ready.push(candidate);
             }
             Claim::Later(until, open) => {
-                let held = Held {
-                    provider: Rc::clone(&candidate.provider),
-                    model: candidate.upstream_model.clone(),
-                    open,
-                };
+                let held = held(open);
                 // Kept in order of when each opens again; equal ones in plan order.
                 let at = later.partition_point(|(u, _, _)| *u <= until);
                 later.insert(at, (until, candidate, held));

@@ -78,6 +78,16 @@ impl Envoy {
 
     /// [`Envoy::start`] with another `--log-level` (`warn` keeps the plugin's access lines out).
     pub fn start_logging(bootstrap: &str, log_level: &str) -> Result<Envoy, String> {
+        Envoy::launch(bootstrap, log_level, 2)
+    }
+
+    /// [`Envoy::start`] with one worker thread: one VM, so a test of its memory
+    /// high-water mark does not depend on which worker the kernel hands a connection.
+    pub fn start_single_worker(bootstrap: &str) -> Result<Envoy, String> {
+        Envoy::launch(bootstrap, "info", 1)
+    }
+
+    fn launch(bootstrap: &str, log_level: &str, workers: usize) -> Result<Envoy, String> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "waygate-envoy-{}-{}",
@@ -92,7 +102,8 @@ impl Envoy {
         let child = Command::new(binary())
             .arg("-c")
             .arg(&config)
-            .args(["--disable-hot-restart", "--concurrency", "2", "--log-level", log_level])
+            .args(["--disable-hot-restart", "--log-level", log_level])
+            .args(["--concurrency", &workers.to_string()])
             // Access log lines (stdout) within 20 ms instead of Envoy's default 10 s.
             .args(["--file-flush-interval-msec", "20"])
             .arg("--admin-address-path")

@@ -576,7 +576,7 @@ fn bootstrap(fake: SocketAddr, raw: SocketAddr, plugin: &Value) -> String {
     serde_yaml::to_string(&doc).unwrap()
 }
 
-/// The gateway (Envoy, two workers) with the fakes and the raw upstream;
+/// The gateway (Envoy, two workers unless asked for one) with the fakes and the raw upstream;
 /// Envoy stops before the upstreams.
 pub struct Chaos {
     pub gw: Gateway,
@@ -589,10 +589,19 @@ impl Chaos {
     }
 
     pub fn with_config(plugin: &Value) -> Chaos {
+        Chaos::launch(plugin, Envoy::start)
+    }
+
+    /// [`Chaos::start`] on one Envoy worker (see [`Envoy::start_single_worker`]).
+    pub fn single_worker() -> Chaos {
+        Chaos::launch(&plugin_config("close-before-headers"), Envoy::start_single_worker)
+    }
+
+    fn launch(plugin: &Value, start: fn(&str) -> Result<Envoy, String>) -> Chaos {
         common::check_wasm_is_fresh();
         let raw = RawUpstream::start();
         let fakes = FakeProviders::start("127.0.0.1:0".parse().unwrap()).unwrap();
-        let envoy = Envoy::start(&bootstrap(fakes.addr(), raw.addr, plugin)).unwrap_or_else(|e| panic!("{e}"));
+        let envoy = start(&bootstrap(fakes.addr(), raw.addr, plugin)).unwrap_or_else(|e| panic!("{e}"));
         let addr = envoy.listener("waygate");
         Chaos {
             gw: Gateway { envoy, fakes, addr },

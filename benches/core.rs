@@ -28,7 +28,7 @@ use waygate::auth;
 use waygate::config::{Api, Config};
 use waygate::exchange::{Exchange, HeadersAction, ResponseAction};
 use waygate::limits::{SharedStore, StoreError};
-use waygate::metrics::{OpenLabels, Timing};
+use waygate::metrics::OpenLabels;
 use waygate::providers;
 use waygate::request::{self, Operation};
 use waygate::stream::StreamRewriter;
@@ -89,10 +89,12 @@ impl SharedStore for NoLimits {
 
 /// One whole request; returns the client's body so the work is not optimised away.
 fn exchange_once(config: &Rc<Config>, headers: &[(Vec<u8>, Vec<u8>)], body: &[u8], answer: &[u8]) -> Vec<u8> {
-    let mut ex = Exchange::new(Rc::clone(config));
+    let mut ex = Exchange::new(Rc::clone(config), 1_755_000_000_000_000_000);
     let step = ex.on_request_headers(headers, false);
     assert_eq!(step.action, HeadersAction::ReadBody);
-    let forward = ex.on_request_body(body, 1_755_000_000, &mut NoLimits).unwrap();
+    let forward = ex
+        .on_request_body(body, 1_755_000_000_000_000_000, &mut NoLimits)
+        .unwrap();
     black_box(&forward);
     let head = [(":status", "200"), ("content-type", "application/json")];
     let step = ex.on_response_headers(&head, || None, false);
@@ -101,15 +103,7 @@ fn exchange_once(config: &Rc<Config>, headers: &[(Vec<u8>, Vec<u8>)], body: &[u8
     assert_eq!(rewrite.status, 200);
     // The VM's labels, as a VM keeps them from one request to the next.
     thread_local!(static OPEN: std::cell::RefCell<OpenLabels> = Default::default());
-    OPEN.with(|open| {
-        black_box(ex.on_log(
-            &mut NoLimits,
-            1_755_000_001,
-            Timing::default(),
-            3,
-            &mut open.borrow_mut(),
-        ))
-    });
+    OPEN.with(|open| black_box(ex.on_log(&mut NoLimits, 1_755_000_003_000_000_000, &mut open.borrow_mut())));
     rewrite.body
 }
 

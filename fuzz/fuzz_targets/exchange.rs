@@ -19,8 +19,10 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use waygate::config::Config;
-use waygate::exchange::{BodyStep, Call, CallStep, Exchange, Forward, HeadersAction, Reply, ResponseAction, Rewrite};
-use waygate::metrics::{Kind, OpenLabels, Timing};
+use waygate::exchange::{
+    BodyStep, BufferStep, Call, CallStep, Exchange, Forward, HeadersAction, Reply, ResponseAction, Rewrite,
+};
+use waygate::metrics::{Kind, OpenLabels};
 use waygate::request::Operation;
 use waygate_fuzz::{
     CLIENT_KEY, LIMITED_KEY, MemoryStore, SECRETS, check_client_stream, check_envelope, check_header, chunked, config,
@@ -336,7 +338,7 @@ fn check_call(c: &Call, cfg: &Config, seen: &mut Seen) {
 
 fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
     let mut seen = Seen::default();
-    let mut ex = Exchange::new(Rc::clone(cfg));
+    let mut ex = Exchange::new(Rc::clone(cfg), 0);
     let path = PATHS[usize::from(input.path) % PATHS.len()];
     let op = if path.starts_with("/api/v1/completions") {
         Operation::Completions
@@ -400,14 +402,11 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
             }
         }
     }
-    // Unix milliseconds.
-    let now = (1_700_000_000 + u64::from(input.now % 600) + round) * 1000;
+    // Unix nanoseconds.
+    let now = (1_700_000_000 + u64::from(input.now % 600) + round) * 1_000_000_000;
     let finished = match step.action {
         HeadersAction::Continue => {
-            assert!(
-                ex.on_log(store, now, Timing::default(), 1, &mut OpenLabels::default())
-                    .is_none()
-            );
+            assert!(ex.on_log(store, now, &mut OpenLabels::default()).is_none());
             return;
         }
         HeadersAction::Reply(r) => {
@@ -419,12 +418,8 @@ fn run(input: &Input, cfg: &Rc<Config>, store: &mut MemoryStore, round: u64) {
     if !finished {
         drive_body(&mut ex, input, cfg, store, &body, op, now, &mut seen);
     }
-    let timing = Timing {
-        upstream_ms: Some(3),
-        first_byte_ms: Some(1),
-    };
     let log = ex
-        .on_log(store, now, timing, 7, &mut OpenLabels::default())
+        .on_log(store, now + 7_000_000, &mut OpenLabels::default())
         .expect("ours, so logged");
     assert!(!log.line.contains(['\n', '\r']), "one log line: {:?}", log.line);
     seen.client.extend_from_slice(log.line.as_bytes());
@@ -526,6 +521,7 @@ fn drive_body(
             let mut out = Vec::new();
             let last = chunks.len() - 1;
             for (i, chunk) in chunks.iter().enumerate() {
+                ex.on_response_body_timing(chunk.len(), i == last, || now + 1_000_000);
                 ex.on_stream_body(chunk, i == last, &mut out);
             }
             seen.client.extend_from_slice(&out);
@@ -548,8 +544,18 @@ fn drive_body(
             check_rewrite(&r, op, seen);
         }
         ResponseAction::Buffer => {
-            let rewrite = ex.on_buffered_body(&up_bytes);
-            check_rewrite(&rewrite, op, seen);
+            let chunks = chunked(&up.plan.iter().map(|s| usize::from(*s)).collect::<Vec<_>>(), &up_bytes);
+            let last = chunks.len() - 1;
+            for (i, chunk) in chunks.iter().enumerate() {
+                ex.on_response_body_timing(chunk.len(), i == last, || now + 2_000_000);
+                match ex.on_buffered_chunk(chunk.to_vec(), i == last) {
+                    BufferStep::Hold => assert!(i < last, "the last chunk ends the held answer"),
+                    BufferStep::Write(rewrite) | BufferStep::Reply(rewrite) => {
+                        assert_eq!(i, last, "held until its end (every answer here is under the cap)");
+                        check_rewrite(&rewrite, op, seen);
+                    }
+                }
+            }
         }
         ResponseAction::Fallback(mut call) => {
             let mut answers = input.calls.iter();

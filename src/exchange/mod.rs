@@ -3,7 +3,9 @@
 //! Each method takes what the host showed in one callback and returns one
 //! step for the shell to apply: headers to remove or set, a body, filter
 //! state, or a local reply. Nothing here calls the host, so the whole
-//! request path runs natively in tests.
+//! request path runs natively in tests. What the request needs across
+//! callbacks is here too: a held answer's chunks and its cap, the clock's
+//! readings for the log, whether its usage was published.
 //!
 //! A request goes through `State`: its headers are checked (contract §4, up
 //! to the size) → its body is read (parse, resolve, authorise, route,
@@ -98,10 +100,8 @@ pub const KEY_ID_PROPERTY: &str = "waygate_key_id";
 /// route that retries across clusters; that route removes it again.
 pub const ROUTED_HEADER: &str = "x-waygate-routed";
 
-/// The largest non-streaming answer the filter holds. The shell keeps the
-/// answer itself rather than in Envoy's buffer, whose limit would end an
-/// oversize answer with Envoy's plain-text 500; past this one the client
-/// gets the contract's 502 instead.
+/// The largest non-streaming answer the filter holds (`Held`); past it the
+/// client gets the contract's 502.
 pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 /// The rewritten request to send upstream, applied in field order.
 #[derive(Debug, Clone)]
@@ -180,6 +180,20 @@ pub struct Rewrite {
     pub body: Vec<u8>,
 }
 
+/// What to do with a chunk of a held (non-streamed) answer, from
+/// [`Exchange::on_buffered_chunk`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BufferStep {
+    /// More is to come and the exchange keeps this chunk: empty Envoy's
+    /// buffer of it and pause.
+    Hold,
+    /// The final answer: its headers and body written over the held
+    /// upstream answer, `body` replacing the callback's buffer.
+    Write(Rewrite),
+    /// The final answer, sent as a local reply in place of the upstream one.
+    Reply(Rewrite),
+}
+
 /// Where the request is, as far as the shell's response callbacks care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -226,13 +240,62 @@ struct Routed {
     next: Next,
 }
 
-/// A buffered upstream answer's head.
+/// A buffered upstream answer: its head, and its body so far.
+///
+/// The body is held here, not in Envoy's buffer, so that its size limit is
+/// ours ([`MAX_ANSWER_BYTES`]) and an oversize answer gets the contract's
+/// 502 rather than Envoy's plain-text 500. It is kept as the chunks that
+/// came, so that growing it never needs one large reallocation (a VM's
+/// memory never shrinks).
 struct Held {
     status: u16,
     retry_after: Option<String>,
     /// Envoy's own failure (connect failure, reset, timeout), not a provider's answer.
     router_error: bool,
     event_stream: bool,
+    chunks: Vec<Vec<u8>>,
+    len: usize,
+    /// The most Envoy's own buffer of this answer has held, once a body
+    /// callback paused; `None` before. See [`Exchange::on_buffered_chunk`].
+    in_envoy: Option<usize>,
+}
+
+impl Held {
+    fn new(status: u16, retry_after: Option<String>, router_error: bool, event_stream: bool) -> Held {
+        Held {
+            status,
+            retry_after,
+            router_error,
+            event_stream,
+            chunks: Vec::new(),
+            len: 0,
+            in_envoy: None,
+        }
+    }
+
+    /// The held chunks followed by the `last` one, in one allocation.
+    fn whole(&mut self, last: Vec<u8>) -> Vec<u8> {
+        if self.chunks.is_empty() {
+            return last;
+        }
+        let mut body = Vec::with_capacity(self.len);
+        for chunk in self.chunks.drain(..) {
+            body.extend_from_slice(&chunk);
+        }
+        body.extend_from_slice(&last);
+        body
+    }
+}
+
+/// The host clock's readings (nanoseconds) the log's durations come from:
+/// when the request came, went upstream, and when its answer's first byte
+/// and its end came.
+#[derive(Default)]
+struct Clock {
+    started_ns: u64,
+    forwarded_ns: Option<u64>,
+    first_byte_ns: Option<u64>,
+    done_ns: Option<u64>,
 }
 
 enum State {
@@ -269,16 +332,25 @@ pub struct Exchange {
     /// A live stream has passed bytes on: Envoy cutting it now is not a
     /// failure before its first byte (health).
     streamed: bool,
+    clock: Clock,
+    /// The answer's usage has been handed out as filter state ([`Exchange::take_usage`]).
+    usage_published: bool,
 }
 
 impl Exchange {
-    pub fn new(config: Rc<Config>) -> Exchange {
+    /// A request that came at `now_ns` on the host's clock.
+    pub fn new(config: Rc<Config>, now_ns: u64) -> Exchange {
         Exchange {
             config,
             state: State::Start,
             record: Record::default(),
             api: ClientApi::Chat,
             streamed: false,
+            clock: Clock {
+                started_ns: now_ns,
+                ..Clock::default()
+            },
+            usage_published: false,
         }
     }
 
@@ -364,18 +436,19 @@ impl Exchange {
     /// finishes; the next request is refused), and says what the request
     /// adds to the stats and the access log; every attempt's outcome goes
     /// to its provider's health. `None` for a request passed through.
-    /// `now_ms` is unix milliseconds.
-    pub fn on_log(
-        &mut self,
-        store: &mut dyn SharedStore,
-        now_ms: u64,
-        timing: metrics::Timing,
-        duration_ms: u64,
-        open: &mut metrics::OpenLabels,
-    ) -> Option<Log> {
+    /// `now_ns` is the host's clock (unix nanoseconds).
+    pub fn on_log(&mut self, store: &mut dyn SharedStore, now_ns: u64, open: &mut metrics::OpenLabels) -> Option<Log> {
         if matches!(self.state, State::PassThrough | State::Start) {
             return None;
         }
+        let now_ms = now_ns / 1_000_000;
+        let clock = &self.clock;
+        let since = |t: Option<u64>, from: Option<u64>| Some(t?.saturating_sub(from?) / 1_000_000);
+        let timing = metrics::Timing {
+            upstream_ms: since(clock.done_ns.or(Some(now_ns)), clock.forwarded_ns),
+            first_byte_ms: since(clock.first_byte_ns, clock.forwarded_ns),
+        };
+        let duration_ms = now_ns.saturating_sub(clock.started_ns) / 1_000_000;
         let record = &self.record;
         if let (Some(_), Some(usage), Some(key)) = (record.standing, record.usage, &record.key) {
             limits::record_tokens(store, key, now_ms / 1000, usage.total());
@@ -425,6 +498,44 @@ impl Exchange {
     /// ([`Record::usage_properties`]).
     pub fn usage_properties(&self) -> Vec<(&'static str, String)> {
         self.record.usage_properties(self.served_by())
+    }
+
+    /// The answer's usage as filter state to publish once the answer is
+    /// final (the filters after ours read it as it passes them); empty
+    /// before, and once handed out.
+    pub fn take_usage(&mut self) -> Vec<(&'static str, String)> {
+        if matches!(self.state, State::Done) {
+            self.take_usage_at_log()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// [`Exchange::take_usage`] at the log, however the request ended (a
+    /// client that went away mid-stream included): the one place where an
+    /// answer's tokens are sure to be counted.
+    pub fn take_usage_at_log(&mut self) -> Vec<(&'static str, String)> {
+        if std::mem::replace(&mut self.usage_published, true) {
+            return Vec::new();
+        }
+        self.usage_properties()
+    }
+
+    /// A response body callback brought `len` more bytes: the answer's first
+    /// byte and its end are timed. `now_ns` reads the host's clock, only then
+    /// (a stream has many callbacks).
+    pub fn on_response_body_timing(&mut self, len: usize, end_of_stream: bool, now_ns: impl FnOnce() -> u64) {
+        let first_bytes = len > 0 && self.clock.first_byte_ns.is_none();
+        if !(first_bytes || end_of_stream) || !matches!(self.state, State::Streaming(_) | State::Buffering(..)) {
+            return;
+        }
+        let now = now_ns();
+        if first_bytes {
+            self.clock.first_byte_ns = Some(now);
+        }
+        if end_of_stream {
+            self.clock.done_ns = Some(now);
+        }
     }
 }
 

@@ -77,12 +77,7 @@ impl Exchange {
             };
             return self.response_step(pairs, action);
         }
-        let held = Held {
-            status: head.status,
-            retry_after: head.retry_after,
-            router_error,
-            event_stream: head.event_stream,
-        };
+        let held = Held::new(head.status, head.retry_after, router_error, head.event_stream);
         self.state = State::Buffering(routed, held);
         if end_of_stream {
             let answer = self.on_buffered_body(&[]);
@@ -159,12 +154,8 @@ impl Exchange {
             self.state = State::Calling(routed);
             return CallStep::Dispatch(call);
         }
-        let held = Held {
-            status: if head.status == 0 { 503 } else { head.status },
-            retry_after: head.retry_after,
-            router_error,
-            event_stream: head.event_stream,
-        };
+        let status = if head.status == 0 { 503 } else { head.status };
+        let held = Held::new(status, head.retry_after, router_error, head.event_stream);
         self.state = State::Buffering(routed, held);
         CallStep::Reply(self.on_buffered_body(body))
     }
@@ -318,6 +309,66 @@ impl Exchange {
         } else {
             // Its status went out with its headers; the stream was cut.
             self.record.error_code = Some(providers::openai::STREAM_INTERRUPTED.into());
+        }
+    }
+
+    /// A chunk of a held answer (`end_of_stream`: its last). The exchange
+    /// keeps the chunks until the end, then makes the final answer and
+    /// says how it goes out.
+    ///
+    /// Once a body callback has paused, Envoy shows the filter its own buffer
+    /// of the response body, a watermark buffer limited by the listener's
+    /// `per_connection_buffer_limit_bytes`, and that buffer is not
+    /// "streaming". Writing more than the limit into it makes Envoy send its
+    /// own plain-text 500 (`response_payload_too_large`) *synchronously,
+    /// inside that `set_buffer` call*: the stream ends and Envoy calls
+    /// `proxy_on_log` while the callback is still running, which the SDK
+    /// cannot take (it panics, the VM traps, and Envoy has been seen to
+    /// crash). So the answer is written into that buffer only if it is no
+    /// larger than a size Envoy is known to take (what the buffer has
+    /// already held, or `max_request_bytes`, below the limit by the
+    /// documented setup); a larger one is a local reply instead, which
+    /// Envoy sends after the callback returns, directly to the client,
+    /// outside the filter's buffers (as fallback answers are). The client
+    /// gets the same status, headers the filter sets and body; the
+    /// upstream's own other headers are not kept.
+    ///
+    /// Before any pause, a callback's buffer is only its chunk, which Envoy
+    /// buffers after the callback returns as "streaming" data: over the
+    /// limit that is flow control, never an error.
+    pub fn on_buffered_chunk(&mut self, chunk: Vec<u8>, end_of_stream: bool) -> BufferStep {
+        let State::Buffering(_, held) = &mut self.state else {
+            let e = internal("response body in an unexpected phase");
+            return BufferStep::Reply(self.rewrite_error(&e, false));
+        };
+        if let Some(most) = held.in_envoy.as_mut() {
+            // After a pause this chunk sits in Envoy's own buffer.
+            *most = (*most).max(chunk.len());
+        }
+        held.len = held.len.saturating_add(chunk.len());
+        if held.len > MAX_ANSWER_BYTES {
+            return BufferStep::Reply(self.on_buffered_too_large());
+        }
+        if !end_of_stream {
+            held.chunks.push(chunk);
+            // From now on the body callbacks see Envoy's own buffer.
+            held.in_envoy.get_or_insert(0);
+            return BufferStep::Hold;
+        }
+        let in_envoy = held.in_envoy;
+        let body = held.whole(chunk);
+        let rewrite = self.on_buffered_body(&body);
+        drop(body);
+        let envoy_takes = usize::try_from(self.config.max_request_bytes).unwrap_or(usize::MAX);
+        match in_envoy {
+            Some(most) if rewrite.body.len() > most.max(envoy_takes) => {
+                log::debug!(
+                    "{}-byte answer sent as a local reply (Envoy's buffer has held {most})",
+                    rewrite.body.len()
+                );
+                BufferStep::Reply(rewrite)
+            }
+            _ => BufferStep::Write(rewrite),
         }
     }
 

@@ -76,10 +76,12 @@ impl Exchange {
         if end_of_stream { BodyStep::Read } else { BodyStep::Wait }
     }
 
-    /// The whole request body is here. `now_ms` is unix milliseconds.
+    /// The whole request body is here. `now_ns` is the host's clock (unix
+    /// nanoseconds): the limits' window, and the upstream timings' start.
     /// `store` holds what every worker shares: the per-key limit counters
     /// and the providers' health.
-    pub fn on_request_body(&mut self, body: &[u8], now_ms: u64, store: &mut dyn SharedStore) -> Result<Forward, Reply> {
+    pub fn on_request_body(&mut self, body: &[u8], now_ns: u64, store: &mut dyn SharedStore) -> Result<Forward, Reply> {
+        let now_ms = now_ns / 1_000_000;
         let State::Reading {
             api,
             key_headers,
@@ -97,6 +99,7 @@ impl Exchange {
         match self.route(api, &key_headers, api_headers, body, now_ms, store) {
             Ok((routed, forward)) => {
                 self.state = State::Upstream(routed);
+                self.clock.forwarded_ns = Some(now_ns);
                 Ok(forward)
             }
             Err(e) => Err(self.reply_error(&e)),

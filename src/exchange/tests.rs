@@ -41,14 +41,14 @@ fn request_headers(extra: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 /// An exchange whose request went upstream to `model`'s first provider.
 fn forwarded(model: &str, stream: bool) -> Exchange {
-    let mut ex = Exchange::new(config());
+    let mut ex = Exchange::new(config(), 0);
     let pairs = request_headers(&[]);
     assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
     let body = json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
     let forward = ex
         .on_request_body(
             body.to_string().as_bytes(),
-            1_700_000_000_000,
+            1_700_000_000_000_000_000,
             &mut MemoryStore::default(),
         )
         .unwrap();
@@ -83,9 +83,7 @@ fn text(bytes: &[u8]) -> String {
 fn logged(ex: &mut Exchange) -> Log {
     let log = ex.on_log(
         &mut MemoryStore::default(),
-        1,
-        metrics::Timing::default(),
-        2,
+        2_000_000,
         &mut metrics::OpenLabels::default(),
     );
     log.unwrap()
@@ -203,7 +201,7 @@ fn reserved_headers_go_on_every_path_and_the_clients_x_envoy_and_account_ones_on
         ("openai-beta", "assistants=v2"),
         ("cookie", "session=gateway-site-session"),
     ];
-    let step = Exchange::new(config()).on_request_headers(&request_headers(&extra), false);
+    let step = Exchange::new(config(), 0).on_request_headers(&request_headers(&extra), false);
     assert_eq!(step.action, HeadersAction::ReadBody);
     assert_eq!(
         step.remove,
@@ -220,14 +218,14 @@ fn reserved_headers_go_on_every_path_and_the_clients_x_envoy_and_account_ones_on
     // Outside base_path the request is not the filter's: only the cluster is its business.
     let mut elsewhere = request_headers(&extra);
     elsewhere[1].1 = b"/elsewhere".to_vec();
-    let step = Exchange::new(config()).on_request_headers(&elsewhere, false);
+    let step = Exchange::new(config(), 0).on_request_headers(&elsewhere, false);
     assert_eq!(step.action, HeadersAction::Continue);
     assert_eq!(step.remove, ["x-waygate-cluster"]);
 }
 
 #[test]
 fn the_body_is_held_until_its_end_and_refused_once_too_large() {
-    let mut ex = Exchange::new(config());
+    let mut ex = Exchange::new(config(), 0);
     assert_eq!(ex.on_request_body_chunk(10, false), BodyStep::Pass, "headers not seen");
     assert_eq!(
         ex.on_request_headers(&request_headers(&[]), false).action,
@@ -251,8 +249,10 @@ fn the_answers_spend_is_published_and_an_error_spends_nothing() {
     let answer = json!({"choices": [{"index": 0, "finish_reason": "stop",
         "message": {"role": "assistant", "content": "hi"}}],
         "usage": {"prompt_tokens": 7, "completion_tokens": 3}});
+    assert!(ex.take_usage().is_empty(), "not before the answer is final");
     assert_eq!(ex.on_buffered_body(answer.to_string().as_bytes()).status, 200);
-    let published = ex.usage_properties();
+    let published = ex.take_usage();
+    assert!(ex.take_usage().is_empty() && ex.take_usage_at_log().is_empty(), "once");
     for expected in [
         ("waygate_prompt_tokens", "7"),
         ("waygate_completion_tokens", "3"),
@@ -312,7 +312,7 @@ fn a_stream_the_shell_cut_is_logged_as_a_500_and_reads_no_more() {
 
 #[test]
 fn the_clients_key_in_other_headers_is_never_forwarded() {
-    let mut ex = Exchange::new(config());
+    let mut ex = Exchange::new(config(), 0);
     let pairs = request_headers(&[
         ("x-api-key", CLIENT_KEY),
         ("api-key", CLIENT_KEY),
@@ -340,7 +340,7 @@ fn the_clients_key_in_other_headers_is_never_forwarded() {
 fn with_router_fallback_every_attempt_is_prepared_and_the_last_answer_is_shaped() {
     let mut config = (*config()).clone();
     config.fallback = Fallback::Router;
-    let mut ex = Exchange::new(Rc::new(config));
+    let mut ex = Exchange::new(Rc::new(config), 0);
     let pairs = request_headers(&[("x-api-key", CLIENT_KEY)]);
     assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
     let body = json!({"model": "chain/x", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
@@ -430,7 +430,7 @@ fn send(ex: &mut Exchange, store: &mut MemoryStore) -> Result<Forward, Reply> {
         HeadersAction::ReadBody
     );
     let body = json!({"model": "chain/x", "messages": [{"role": "user", "content": "hi"}]});
-    ex.on_request_body(body.to_string().as_bytes(), 1_700_000_000_000, store)
+    ex.on_request_body(body.to_string().as_bytes(), 1_700_000_000_000_000_000, store)
 }
 
 #[test]
@@ -438,15 +438,15 @@ fn with_global_limits_the_filter_counts_nothing_and_names_the_key() {
     let mut store = MemoryStore::default();
     let local = limited_config(Limits::Local);
     limits::prepare(&mut store, &local.keys);
-    assert!(send(&mut Exchange::new(Rc::clone(&local)), &mut store).is_ok());
-    let refused = send(&mut Exchange::new(local), &mut store).unwrap_err();
+    assert!(send(&mut Exchange::new(Rc::clone(&local), 0), &mut store).is_ok());
+    let refused = send(&mut Exchange::new(local, 0), &mut store).unwrap_err();
     assert_eq!(refused.status, 429);
 
     let global = limited_config(Limits::Global);
     let mut store = MemoryStore::default();
     limits::prepare(&mut store, &global.keys);
     for _ in 0..3 {
-        let mut ex = Exchange::new(Rc::clone(&global));
+        let mut ex = Exchange::new(Rc::clone(&global), 0);
         let forward = send(&mut ex, &mut store).unwrap();
         assert!(forward.properties.contains(&(KEY_ID_PROPERTY.into(), "dev".into())));
         assert!(
@@ -482,4 +482,107 @@ fn envoys_rate_limit_refusal_is_answered_in_the_contract_shape_and_never_falls_b
         line.contains("status=429") && line.contains("provider=- attempts=-"),
         "{line}"
     );
+}
+
+fn plain_answer(content: &str) -> Vec<u8> {
+    json!({"choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+    .to_string()
+    .into_bytes()
+}
+
+#[test]
+fn a_held_answer_is_kept_until_its_end_and_written_in_place() {
+    let mut ex = forwarded("oa/x", false);
+    ex.on_response_headers(&head(200, "application/json"), via_upstream, false);
+    let answer = plain_answer("held in two parts");
+    let (first, rest) = answer.split_at(20);
+    assert_eq!(ex.on_buffered_chunk(first.to_vec(), false), BufferStep::Hold);
+    assert!(ex.take_usage().is_empty(), "not final yet");
+    let BufferStep::Write(rewrite) = ex.on_buffered_chunk(rest.to_vec(), true) else {
+        panic!("an answer no larger than its upstream's is written into Envoy's buffer");
+    };
+    assert_eq!(rewrite.status, 200);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&rewrite.body).unwrap()["choices"][0]["message"]["content"],
+        "held in two parts"
+    );
+    assert!(ex.take_usage().contains(&(TOTAL_TOKENS_PROPERTY, "10".to_string())));
+}
+
+#[test]
+fn an_answer_larger_than_envoy_has_held_goes_as_a_local_reply() {
+    let small = r#"{"max_request_bytes": 64, "keys": [], "providers":
+        [{"id":"oa","api":"openai","cluster":"c_oa","authority":"oa.local","api_key":"k"}]}"#;
+    let small = Rc::new(Config::parse(small.as_bytes(), &|_| None).unwrap());
+    let answer = plain_answer(&"long ".repeat(40));
+    let in_chunks = |chunks: &[&[u8]]| {
+        let mut ex = forwarded("oa/x", false);
+        ex.config = Rc::clone(&small);
+        ex.on_response_headers(&head(200, "application/json"), via_upstream, false);
+        let (last, held) = chunks.split_last().unwrap();
+        for chunk in held {
+            assert_eq!(ex.on_buffered_chunk(chunk.to_vec(), false), BufferStep::Hold);
+        }
+        ex.on_buffered_chunk(last.to_vec(), true)
+    };
+    // In one callback: nothing sits in Envoy's buffer yet (flow control, never an error).
+    assert!(matches!(in_chunks(&[&answer]), BufferStep::Write(_)));
+    // After a pause, the rewrite is larger than the 64-byte floor and than
+    // the most Envoy's buffer held: a local reply.
+    let (head_part, rest) = answer.split_at(100);
+    let BufferStep::Reply(rewrite) = in_chunks(&[head_part, rest]) else {
+        panic!("a local reply");
+    };
+    assert_eq!(rewrite.status, 200);
+    assert!(text(&rewrite.body).contains("long long"));
+}
+
+#[test]
+fn an_answer_over_the_cap_is_the_contracts_502_and_is_dropped() {
+    let mut ex = forwarded("oa/x", false);
+    ex.on_response_headers(&head(200, "application/json"), via_upstream, false);
+    assert_eq!(ex.on_buffered_chunk(vec![b' '; 1024], false), BufferStep::Hold);
+    let BufferStep::Reply(rewrite) = ex.on_buffered_chunk(vec![b' '; MAX_ANSWER_BYTES], false) else {
+        panic!("over the cap");
+    };
+    assert_eq!(rewrite.status, 502);
+    assert!(
+        text(&rewrite.body).contains("invalid_upstream_response"),
+        "{}",
+        text(&rewrite.body)
+    );
+    assert_eq!(
+        ex.stage(),
+        Stage::Untouched,
+        "answered: the rest of the upstream body is dropped"
+    );
+}
+
+#[test]
+fn the_log_times_the_upstream_its_first_byte_and_the_whole_request() {
+    let ms = 1_000_000;
+    let mut ex = Exchange::new(config(), 1_000 * ms);
+    ex.on_request_headers(&request_headers(&[]), false);
+    let body = json!({"model": "oa/x", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    ex.on_request_body(body.to_string().as_bytes(), 1_005 * ms, &mut MemoryStore::default())
+        .unwrap();
+    ex.on_response_headers(&head(200, "text/event-stream"), via_upstream, false);
+    let unread = || panic!("the clock is read only for the first byte and the end");
+    ex.on_response_body_timing(0, false, unread);
+    ex.on_response_body_timing(12, false, || 1_008 * ms);
+    ex.on_response_body_timing(12, false, unread);
+    ex.on_response_body_timing(0, true, || 1_020 * ms);
+    let log = ex
+        .on_log(
+            &mut MemoryStore::default(),
+            1_030 * ms,
+            &mut metrics::OpenLabels::default(),
+        )
+        .unwrap();
+    let observed = |name: &str| log.metrics.iter().find(|u| u.name == name).map(|u| u.value);
+    assert_eq!(observed("waygate.upstream_duration_ms.oa"), Some(15));
+    assert_eq!(observed("waygate.time_to_first_token_ms.oa"), Some(3));
+    assert!(log.line.contains(" duration_ms=30"), "{}", log.line);
 }

@@ -10,52 +10,26 @@ use super::host::{self, Buffer, Map};
 use super::routed;
 use crate::config::Config;
 use crate::exchange::{
-    BodyStep, Call, CallStep, Exchange, Forward, HeadersAction, MAX_ANSWER_BYTES, Reply, ResponseAction, Rewrite, Stage,
+    BodyStep, BufferStep, Call, CallStep, Exchange, Forward, HeadersAction, MAX_ANSWER_BYTES, Reply, ResponseAction,
+    Rewrite, Stage,
 };
 
+/// The exchange, and what only the host's side needs: nothing here decides
+/// anything about the request.
 pub struct Stream {
     exchange: Exchange,
-    started_ns: u64,
-    usage_published: bool,
-    /// A non-streaming answer so far. Held here, not in Envoy's buffer, so
-    /// that its size limit is ours and an oversize answer gets the
-    /// contract's 502 rather than Envoy's plain-text 500. Kept as the chunks
-    /// that came, so that growing it never needs one large reallocation
-    /// (a VM's memory never shrinks).
-    answer: Vec<Vec<u8>>,
-    answer_len: usize,
-    /// The most Envoy's own buffer of the held answer has held, once a body
-    /// callback paused; `None` before. See [`Stream::finish_held`].
-    held_max: Option<usize>,
     /// With router fallback, this request's count in [`routed`]'s registry.
     routed_count: Option<u64>,
-    /// A size Envoy's body buffers are known to take: the listener's
-    /// `per_connection_buffer_limit_bytes` must be above `max_request_bytes`
-    /// for requests to pass at all (docs/deploying.md, "Running it in Envoy").
-    envoy_buffer_floor: usize,
     /// A streamed chunk's rewrite, reused by every chunk of the stream.
     stream_out: Vec<u8>,
-    /// When the request went upstream, its first answer byte, its end.
-    forwarded_ns: Option<u64>,
-    first_byte_ns: Option<u64>,
-    done_ns: Option<u64>,
 }
 
 impl Stream {
     pub fn new(config: Rc<Config>) -> Stream {
         Stream {
-            envoy_buffer_floor: usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX),
+            exchange: Exchange::new(config, host::now_nanos()),
             routed_count: None,
-            exchange: Exchange::new(config),
-            started_ns: host::now_nanos(),
-            usage_published: false,
-            answer: Vec::new(),
-            answer_len: 0,
-            held_max: None,
             stream_out: Vec::new(),
-            forwarded_ns: None,
-            first_byte_ns: None,
-            done_ns: None,
         }
     }
 
@@ -84,17 +58,9 @@ impl Stream {
         self.reply(&reply)
     }
 
-    /// Publishes the answer's usage as filter state, once.
+    /// Publishes the answer's usage as filter state, when the exchange hands it out.
     fn publish_usage(&mut self) {
-        if self.usage_published {
-            return;
-        }
-        self.usage_published = true;
-        for (name, value) in self.exchange.usage_properties() {
-            if let Err(status) = host::set_property(name, value.as_bytes()) {
-                log::debug!("filter state {name} not published (status {})", status.0);
-            }
-        }
+        publish(self.exchange.take_usage());
     }
 
     /// Sends a final answer as a local reply. From the response path, with
@@ -109,19 +75,6 @@ impl Stream {
             .collect();
         // Not cloned: a held answer's body may be many megabytes.
         send_reply(rewrite.status, &headers, &rewrite.body)
-    }
-
-    /// The held answer followed by its `last` chunk, in one allocation.
-    fn whole_answer(&mut self, last: Vec<u8>) -> Vec<u8> {
-        if self.answer.is_empty() {
-            return last;
-        }
-        let mut body = Vec::with_capacity(self.answer_len.saturating_add(last.len()));
-        for chunk in self.answer.drain(..) {
-            body.extend_from_slice(&chunk);
-        }
-        body.extend_from_slice(&last);
-        body
     }
 
     /// Sends fallback calls until one is dispatched, or the answer is final.
@@ -152,38 +105,23 @@ impl Stream {
         }
     }
 
-    /// Applies the final answer of a held (non-streamed) upstream answer.
-    ///
-    /// Once a body callback has paused, Envoy shows the filter its own buffer
-    /// of the response body, a watermark buffer limited by the listener's
-    /// `per_connection_buffer_limit_bytes`, and that buffer is not
-    /// "streaming". Writing more than the limit into it makes Envoy send its
-    /// own plain-text 500 (`response_payload_too_large`) *synchronously,
-    /// inside that `set_buffer` call*: the stream ends and Envoy calls
-    /// `proxy_on_log` while this callback is still running, which the SDK
-    /// cannot take (it panics, the VM traps, and Envoy has been seen to
-    /// crash). So the answer goes into that buffer only if it is no larger
-    /// than a size Envoy is known to take (what the buffer has already held,
-    /// or `max_request_bytes`, below the limit by the documented setup); a
-    /// larger one is sent as a local reply instead,
-    /// which Envoy sends after this callback returns, directly to the
-    /// client, outside the filter's buffers (as fallback answers are). The
-    /// client gets the same status, headers the filter sets and body; the
-    /// upstream's own other headers are not kept.
-    ///
-    /// Before any pause, `body_size` is this chunk's own buffer, which Envoy
-    /// only buffers after this callback returns, as "streaming" data: over
-    /// the limit that is flow control, never an error.
-    fn finish_held(&mut self, rewrite: &Rewrite, body_size: usize) -> Action {
-        match self.held_max {
-            Some(held) if rewrite.body.len() > held.max(self.envoy_buffer_floor) => {
-                log::debug!(
-                    "{}-byte answer sent as a local reply (Envoy's buffer has held {held})",
-                    rewrite.body.len()
-                );
-                self.reply_with(rewrite)
+    /// Applies a step of a held (non-streamed) answer, whose callback's
+    /// buffer holds `body_size` bytes (the exchange's
+    /// [`Exchange::on_buffered_chunk`] says why a large answer is a local reply).
+    fn apply_buffered(&mut self, step: BufferStep, body_size: usize) -> Action {
+        match step {
+            BufferStep::Hold => match host::set_buffer(Buffer::ResponseBody, 0, body_size, &[]) {
+                Ok(()) => Action::Pause,
+                Err(status) => self.internal_error("draining the response body", status),
+            },
+            BufferStep::Write(rewrite) => {
+                self.publish_usage();
+                self.apply_rewrite(&rewrite, body_size)
             }
-            _ => self.apply_rewrite(rewrite, body_size),
+            BufferStep::Reply(rewrite) => {
+                self.publish_usage();
+                self.reply_with(&rewrite)
+            }
         }
     }
 
@@ -290,17 +228,12 @@ impl HttpContext for Stream {
             Ok(body) => body,
             Err(status) => return self.internal_error("reading the request body", status),
         };
-        // One clock read: the limits' window and the upstream timings' start.
-        let now = host::now_nanos();
         match self
             .exchange
-            .on_request_body(&body, now / 1_000_000, &mut host::SharedData)
+            .on_request_body(&body, host::now_nanos(), &mut host::SharedData)
         {
             Ok(forward) => match self.apply_forward(&forward, body_size) {
-                Ok(()) => {
-                    self.forwarded_ns = Some(now);
-                    Action::Continue
-                }
+                Ok(()) => Action::Continue,
                 Err(status) => self.internal_error("rewriting the request", status),
             },
             Err(reply) => self.reply(&reply),
@@ -358,19 +291,9 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let first_bytes = body_size > 0 && self.first_byte_ns.is_none();
-        // The clock is read only when a time is taken: a stream has many callbacks.
-        let stage = self.exchange.stage();
-        if (first_bytes || end_of_stream) && matches!(stage, Stage::Streaming | Stage::Buffering) {
-            let now = host::now_nanos();
-            if first_bytes {
-                self.first_byte_ns = Some(now);
-            }
-            if end_of_stream {
-                self.done_ns = Some(now);
-            }
-        }
-        match stage {
+        self.exchange
+            .on_response_body_timing(body_size, end_of_stream, host::now_nanos);
+        match self.exchange.stage() {
             Stage::Untouched | Stage::Awaiting => Action::Continue,
             // The failed answer's body is held until the local reply drops it.
             Stage::Calling => Action::Pause,
@@ -397,30 +320,8 @@ impl HttpContext for Stream {
                     Ok(chunk) => chunk,
                     Err(status) => return self.internal_error("reading the response body", status),
                 };
-                if let Some(held) = self.held_max.as_mut() {
-                    // After a pause this chunk sits in Envoy's own buffer.
-                    *held = (*held).max(body_size);
-                }
-                self.answer_len = self.answer_len.saturating_add(chunk.len());
-                if self.answer_len > MAX_ANSWER_BYTES {
-                    self.answer = Vec::new();
-                    let rewrite = self.exchange.on_buffered_too_large();
-                    return self.reply_with(&rewrite);
-                }
-                if !end_of_stream {
-                    self.answer.push(chunk);
-                    if let Err(status) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &[]) {
-                        return self.internal_error("draining the response body", status);
-                    }
-                    // From now on the body callbacks see Envoy's own buffer.
-                    self.held_max.get_or_insert(0);
-                    return Action::Pause;
-                }
-                let body = self.whole_answer(chunk);
-                let rewrite = self.exchange.on_buffered_body(&body);
-                drop(body);
-                self.publish_usage();
-                self.finish_held(&rewrite, body_size)
+                let step = self.exchange.on_buffered_chunk(chunk, end_of_stream);
+                self.apply_buffered(step, body_size)
             }
         }
     }
@@ -441,14 +342,8 @@ impl HttpContext for Stream {
             Stage::Buffering => {
                 let rest = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
                 let rest_len = rest.len();
-                if let Some(held) = self.held_max.as_mut() {
-                    *held = (*held).max(rest_len);
-                }
-                let body = self.whole_answer(rest);
-                let rewrite = self.exchange.on_buffered_body(&body);
-                drop(body);
-                self.publish_usage();
-                self.finish_held(&rewrite, rest_len)
+                let step = self.exchange.on_buffered_chunk(rest, true);
+                self.apply_buffered(step, rest_len)
             }
             Stage::Calling => Action::Pause,
             Stage::Untouched | Stage::Awaiting => Action::Continue,
@@ -463,21 +358,12 @@ impl HttpContext for Stream {
         {
             self.exchange.on_ended_by_envoy(&details);
         }
-        // on_log runs for every stream, client disconnects included: the one
-        // place where an answer's tokens are sure to be counted.
-        self.publish_usage();
+        publish(self.exchange.take_usage_at_log());
         let now = host::now_nanos();
-        let since = |t: Option<u64>, from: Option<u64>| Some(t?.saturating_sub(from?) / 1_000_000);
-        let timing = crate::metrics::Timing {
-            upstream_ms: since(self.done_ns.or(Some(now)), self.forwarded_ns),
-            first_byte_ms: since(self.first_byte_ns, self.forwarded_ns),
-        };
-        let elapsed_ms = now.saturating_sub(self.started_ns) / 1_000_000;
         let log = OPEN_LABELS.with(|open| {
             // Never busy: a VM runs one callback at a time.
             let mut open = open.try_borrow_mut().ok()?;
-            self.exchange
-                .on_log(&mut host::SharedData, now / 1_000_000, timing, elapsed_ms, &mut open)
+            self.exchange.on_log(&mut host::SharedData, now, &mut open)
         });
         let Some(log) = log else {
             return;
@@ -495,6 +381,15 @@ thread_local! {
     /// The stats' label values from outside the configuration this VM has
     /// seen, bounded (`metrics::OpenLabels`).
     static OPEN_LABELS: std::cell::RefCell<crate::metrics::OpenLabels> = Default::default();
+}
+
+/// Sets filter state; a refusal by the host is logged (nothing else can be done).
+fn publish(properties: Vec<(&'static str, String)>) {
+    for (name, value) in properties {
+        if let Err(status) = host::set_property(name, value.as_bytes()) {
+            log::debug!("filter state {name} not published (status {})", status.0);
+        }
+    }
 }
 
 /// Sends a local reply; a refusal by the host is logged (nothing else can be done).

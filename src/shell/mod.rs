@@ -1,8 +1,11 @@
 //! The proxy-wasm shell: the only module that knows it runs inside Envoy.
 //!
-//! It reads what each callback may read, hands it to the pure core, applies
-//! the changes that come back in a fixed order (remove headers, set headers,
-//! body), and returns Pause or Continue. It never branches on a provider.
+//! It reads what each callback may read (and the clock), hands it to the
+//! pure core, applies the changes that come back in a fixed order (remove
+//! headers, set headers, body, filter state), and returns Pause or Continue.
+//! It never branches on a provider and keeps no state of the request but
+//! the exchange: the held answer, its cap, the usage to publish and the
+//! timings are the core's.
 //!
 //! It relies on `allow_on_headers_stop_iteration: true` (Envoy ≥ 1.35):
 //! request headers are held while the body is read, so the route, path,

@@ -140,3 +140,74 @@ fn errors_are_in_anthropics_envelope_before_any_provider_is_asked() {
     assert!(error(&r, 400, "invalid_request_error").contains("max_tokens"));
     assert!(gw.fakes.received().is_empty());
 }
+
+fn count_tokens(gw: &Gateway, body: &Value) -> Response {
+    let headers = [("x-api-key", DEV_KEY), ("content-type", "application/json")];
+    gw.send(
+        "POST",
+        "/api/v1/messages/count_tokens?beta=true",
+        &headers,
+        body.to_string().as_bytes(),
+    )
+}
+
+#[test]
+fn token_counts_come_from_the_provider_that_counts_and_are_estimated_otherwise() {
+    let gw = Gateway::with_config(&chain_config(&[("fakeanthropic", "status-529"), ("fakegemini", "ok")]));
+    let turn = json!({"system": "Be brief and kind.",
+        "messages": [{"role": "user", "content": "How many words are in this question?"}]});
+    let with = |model: &str| {
+        let mut body = turn.clone();
+        body["model"] = model.into();
+        body
+    };
+    // What the same provider reports as a message's input tokens.
+    let reported = |model: &str| {
+        let mut body = with(model);
+        body["max_tokens"] = 50.into();
+        let r = messages(&gw, &body.to_string(), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["usage"]["input_tokens"].as_u64().unwrap()
+    };
+    for model in ["fakeanthropic/ok", "fakegemini/ok"] {
+        gw.fakes.clear_received();
+        let r = count_tokens(&gw, &with(model));
+        assert_eq!(r.status, 200, "{model}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        let provider = model.split('/').next().unwrap();
+        assert_eq!(r.header("x-waygate-provider"), Some(provider));
+        let counted = r.json()["input_tokens"].as_u64().unwrap();
+        let got = gw.fakes.received();
+        assert_eq!(got.len(), 1, "{model}");
+        assert!(got[0].path_only().ends_with(if provider == "fakeanthropic" {
+            "/messages/count_tokens"
+        } else {
+            ":countTokens"
+        }));
+        assert_eq!(counted, reported(model), "{model}: the provider's own count");
+    }
+    // The provider got the client's request (no max_tokens added) and its own key.
+    gw.fakes.clear_received();
+    count_tokens(&gw, &with("fakeanthropic/ok"));
+    let got = gw.fakes.received();
+    let sent: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(
+        sent,
+        json!({"system": "Be brief and kind.", "messages": turn["messages"], "model": "ok"})
+    );
+    assert_eq!(got[0].header("x-api-key"), Some(waygate_fakes::ANTHROPIC_KEY));
+
+    // A failing Anthropic count falls back to the next provider that counts.
+    let r = count_tokens(&gw, &with("chain/x"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-attempts"), Some("fakeanthropic:529,fakegemini:200"));
+
+    // An OpenAI-compatible provider has no count: the filter's estimate, no provider asked.
+    gw.fakes.clear_received();
+    let r = count_tokens(&gw, &with("fake/ok"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-waygate-provider"), None);
+    let bytes = (turn["system"].to_string().len() + turn["messages"].to_string().len()) as u64;
+    assert_eq!(r.json(), json!({"input_tokens": bytes.div_ceil(4)}));
+    assert!(gw.fakes.received().is_empty());
+}

@@ -1,4 +1,5 @@
-//! Fake Anthropic Messages API: `POST /v1/messages`, JSON and SSE.
+//! Fake Anthropic Messages API: `POST /v1/messages`, JSON and SSE, and
+//! `POST /v1/messages/count_tokens` (the input tokens a message would report).
 //!
 //! Shapes follow `tests/fixtures/anthropic/` (recorded api.anthropic.com traffic): a
 //! `message` object; a stream of `message_start`, `content_block_start`, `ping`,
@@ -22,9 +23,11 @@ type Checked = Result<(), Reply>;
 
 /// Answers one request under `/v1/messages`.
 pub(crate) fn handle(req: &RecordedRequest) -> Reply {
-    if req.path_only() != "/v1/messages" {
-        return error(404, "not_found_error", "Not Found");
-    }
+    let counting = match req.path_only() {
+        "/v1/messages" => false,
+        "/v1/messages/count_tokens" => true,
+        _ => return error(404, "not_found_error", "Not Found"),
+    };
     if req.method != "POST" {
         return error(405, "invalid_request_error", "Method Not Allowed");
     }
@@ -52,10 +55,41 @@ pub(crate) fn handle(req: &RecordedRequest) -> Reply {
     let system_turns = req
         .header("anthropic-beta")
         .is_some_and(|betas| betas.split(',').any(|b| b.trim() == validate::PER_TURN_CONTROL));
+    if counting {
+        return count(body, system_turns);
+    }
     match validate::validate(&body, system_turns) {
         Ok(()) => respond(req, &body),
         Err(reply) => reply,
     }
+}
+
+/// `count_tokens`: a Messages request without `max_tokens` or `stream`,
+/// counted as [`respond`] counts a message's input tokens.
+fn count(mut body: Map<String, Value>, system_turns: bool) -> Reply {
+    for field in ["max_tokens", "stream", "stop_sequences", "temperature", "metadata"] {
+        if body.contains_key(field) {
+            return invalid(&format!("{field}: Extra inputs are not permitted"));
+        }
+    }
+    body.insert("max_tokens".into(), 1.into());
+    if let Err(reply) = validate::validate(&body, system_turns) {
+        return reply;
+    }
+    let model = body.get("model").and_then(Value::as_str).unwrap_or_default();
+    match steer::parse(model) {
+        Directive::Status(code) => return status_error(code),
+        Directive::Limited(seconds) => return status_error(429).replace_header("retry-after", &seconds.to_string()),
+        _ => {}
+    }
+    Reply::json(200, &json!({"input_tokens": input_tokens(&body)}))
+}
+
+/// The input tokens of a request: a token a word of its system prompt and messages, at least 1.
+fn input_tokens(body: &Map<String, Value>) -> u64 {
+    let words = answer::input_words(body.get("system").unwrap_or(&Value::Null))
+        + answer::input_words(body.get("messages").unwrap_or(&Value::Null));
+    words.max(1) as u64
 }
 
 fn respond(req: &RecordedRequest, body: &Map<String, Value>) -> Reply {

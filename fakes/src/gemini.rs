@@ -1,5 +1,6 @@
 //! Fake Gemini API (generativelanguage v1beta): `POST /v1beta/models/{model}:generateContent`
-//! and `:streamGenerateContent` (`?alt=sse` for SSE, else one JSON array).
+//! and `:streamGenerateContent` (`?alt=sse` for SSE, else one JSON array), and
+//! `:countTokens` (the prompt tokens an answer would report).
 //!
 //! Shapes follow `tests/fixtures/gemini/` (recorded traffic): pretty-printed
 //! `GenerateContentResponse` JSON; SSE frames `data: <json>\r\n\r\n` in Google's spacing,
@@ -32,7 +33,7 @@ pub(crate) fn handle(req: &RecordedRequest) -> Reply {
         );
     };
     let stream = match method.as_str() {
-        "generateContent" => false,
+        "generateContent" | "countTokens" => false,
         "streamGenerateContent" => true,
         _ => {
             return error(
@@ -58,6 +59,9 @@ pub(crate) fn handle(req: &RecordedRequest) -> Reply {
         Ok(Value::Object(map)) => map,
         _ => return invalid("Invalid JSON payload received. Unexpected token."),
     };
+    if method == "countTokens" {
+        return count(&body, &model);
+    }
     if let Err(reply) = validate::validate(&body) {
         return reply;
     }
@@ -115,6 +119,39 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>, model: &str, stream
         Directive::Cut(n) => reply.cut(n),
         _ => reply,
     }
+}
+
+/// `countTokens`: `contents` alone, or a whole `generateContentRequest` (its
+/// `model` the path's), counted as [`respond`] counts an answer's prompt.
+fn count(body: &Map<String, Value>, model: &str) -> Reply {
+    let request = match (body.get("contents"), field(body, "generateContentRequest")) {
+        (Some(_), None) => body.clone(),
+        (None, Some(Value::Object(request))) => {
+            let named = request.get("model").and_then(Value::as_str);
+            if named != Some(format!("models/{model}").as_str()) {
+                return invalid(&format!(
+                    "* CountTokensRequest.generate_content_request.model: must be models/{model}, not {named:?}\n"
+                ));
+            }
+            let mut request = request.clone();
+            request.remove("model");
+            request
+        }
+        _ => return invalid("* CountTokensRequest: either contents or generate_content_request is required\n"),
+    };
+    if let Err(reply) = validate::validate(&request) {
+        return reply;
+    }
+    match steer::parse(model) {
+        Directive::Status(code) => return status_error(code),
+        Directive::Limited(seconds) => return status_error(429).replace_header("retry-after", &seconds.to_string()),
+        _ => {}
+    }
+    let words = answer::input_words(request.get("contents").unwrap_or(&Value::Null))
+        + answer::input_words(field(&request, "systemInstruction").unwrap_or(&Value::Null));
+    let tokens = words.max(1);
+    let answer = json!({"totalTokens": tokens, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": tokens}]});
+    Reply::bytes(200, "application/json; charset=UTF-8", pretty(&answer))
 }
 
 fn response(model: &str, id: &str, answer: &Answer, n: usize) -> Value {

@@ -61,7 +61,7 @@ impl Exchange {
             Ok(Some(api)) => {
                 let key_headers = key_headers(pairs, header("authorization"));
                 let api_headers = match api {
-                    ClientApi::Messages => (anthropic::CLIENT_HEADERS.iter())
+                    ClientApi::Messages | ClientApi::CountTokens => (anthropic::CLIENT_HEADERS.iter())
                         .filter_map(|name| Some((name.to_string(), printable(header(name)?))))
                         .collect(),
                     _ => Vec::new(),

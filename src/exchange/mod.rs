@@ -39,7 +39,7 @@ use crate::errors::{ApiError, ErrorType, Header};
 use crate::headers::{ResponseHead, header_in, is_json, names_where, printable};
 use crate::health;
 use crate::ids::{self, new_id};
-use crate::inbound::{Client, ClientApi, ClientStream, messages, responses};
+use crate::inbound::{Client, ClientApi, ClientStream, counts_tokens, messages, responses};
 use crate::inflight;
 use crate::limits::{self, SharedStore};
 use crate::metrics;

@@ -463,7 +463,7 @@ impl Exchange {
             ("text/event-stream", out)
         } else if asked.client.is_native(provider) {
             // The client's own API: passed as it came, but for the model's name.
-            let (out, usage) = asked.client.native_answer(&asked.stamp, body)?;
+            let (out, usage) = asked.client.native_answer(provider, &asked.stamp, body)?;
             self.record.usage = Some(usage);
             ("application/json", out)
         } else if provider.api == Api::Openai && asked.stamp.op == Operation::Chat {

@@ -6,6 +6,17 @@
 
 use super::*;
 
+/// Where a routed request goes.
+// Made and taken apart once a request, never stored: boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Routing {
+    /// Upstream, its first attempt rewritten as `Forward` says.
+    Upstream(Routed, Forward),
+    /// Nowhere: the filter answers it with this JSON (a token count no
+    /// candidate counts, estimated).
+    Answered(Value),
+}
+
 /// The candidates not yet tried, and how many more may be.
 pub(super) struct Plan {
     candidates: std::vec::IntoIter<Candidate>,
@@ -29,8 +40,10 @@ impl Plan {
         for candidate in self.candidates.by_ref() {
             let provider = candidate.provider;
             let model = &candidate.upstream_model;
-            let built = (asked.client.native_request(&provider, model, routing_field))
-                .unwrap_or_else(|| providers::build_request(&provider, &asked.request, model, routing_field));
+            let built = (asked
+                .client
+                .native_request(&provider, &asked.request, model, routing_field))
+            .unwrap_or_else(|| providers::build_request(&provider, &asked.request, model, routing_field));
             match built {
                 Ok(upstream) => {
                     self.tries_left -= 1;
@@ -90,43 +103,15 @@ impl Exchange {
         else {
             return Err(self.fail("request body in an unexpected phase"));
         };
-        if api == ClientApi::CountTokens {
-            return Err(match self.count_tokens(body) {
-                Ok(count) => self.reply(json_reply(&count)),
-                Err(e) => self.reply_error(&e),
-            });
-        }
         match self.route(api, &key_headers, api_headers, body, now_ms, store) {
-            Ok((routed, forward)) => {
+            Ok(Routing::Upstream(routed, forward)) => {
                 self.state = State::Upstream(routed);
                 self.clock.forwarded_ns = Some(now_ns);
                 Ok(forward)
             }
+            Ok(Routing::Answered(answer)) => Err(self.reply(json_reply(&answer))),
             Err(e) => Err(self.reply_error(&e)),
         }
-    }
-
-    /// `POST /messages/count_tokens`, answered here: the request is checked
-    /// as a Messages request, its model resolved and allowed, and its tokens
-    /// estimated (no provider is asked; docs/contract.md).
-    pub(super) fn count_tokens(&mut self, body: &[u8]) -> Result<Value, ApiError> {
-        let cfg = Rc::clone(&self.config);
-        if u64::try_from(body.len()).unwrap_or(u64::MAX) > cfg.max_request_bytes {
-            return Err(too_large(cfg.max_request_bytes));
-        }
-        let (chat, count) = messages::count_request(body, &cfg.routing_field)?;
-        let request = request::parse(Operation::Chat, &chat)?;
-        self.record.model = Some(request.model.clone());
-        routing::resolve(&cfg, &request.model)?;
-        if self
-            .record
-            .key
-            .as_ref()
-            .is_some_and(|k| !auth::may_use(k, &request.model))
-        {
-            return Err(model_not_allowed(&request.model));
-        }
-        Ok(count)
     }
 
     pub(super) fn route(
@@ -137,7 +122,7 @@ impl Exchange {
         body: &[u8],
         now_ms: u64,
         store: &mut dyn SharedStore,
-    ) -> Result<(Routed, Forward), ApiError> {
+    ) -> Result<Routing, ApiError> {
         let cfg = Rc::clone(&self.config);
         let now = now_ms / 1000;
         if u64::try_from(body.len()).unwrap_or(u64::MAX) > cfg.max_request_bytes {
@@ -152,8 +137,15 @@ impl Exchange {
                     Client::Responses(Box::new(echo)),
                 )
             }
-            // Answered before routing (on_request_body); read as Messages all the same.
-            ClientApi::Messages | ClientApi::CountTokens => {
+            ClientApi::CountTokens => {
+                let (chat, mut counted) = messages::count_request(body, &cfg.routing_field)?;
+                counted.asked.headers = api_headers;
+                (
+                    request::parse(api.operation(), &chat)?,
+                    Client::Count(Box::new(counted)),
+                )
+            }
+            ClientApi::Messages => {
                 let (chat, mut asked) = messages::to_chat(body, &cfg.routing_field)?;
                 asked.headers = api_headers;
                 (
@@ -170,7 +162,8 @@ impl Exchange {
         if key.as_ref().is_some_and(|k| !auth::may_use(k, &request.model)) {
             return Err(model_not_allowed(&request.model));
         }
-        if let Some(key) = key.filter(|_| cfg.limits == Limits::Local) {
+        // A token count counts against no limit (docs/contract.md "The Messages API").
+        if let Some(key) = key.filter(|_| cfg.limits == Limits::Local && api != ClientApi::CountTokens) {
             self.record.standing = limits::admit(store, &key, now)?;
         }
         let directive = routing::parse_directive(&cfg, request.member(&cfg.routing_field)?.as_ref())?;
@@ -188,8 +181,18 @@ impl Exchange {
             &mut |key| inflight::count(store, key),
         );
         // Candidates with an open circuit go last (contract "Health").
-        let (candidates, ticket) = health::arrange(store, &cfg.health, routing::plan(defaults, &directive), now_ms);
+        let (mut candidates, ticket) = health::arrange(store, &cfg.health, routing::plan(defaults, &directive), now_ms);
         self.record.health = ticket;
+        if let Client::Count(counted) = &client {
+            // Counted by the candidates that count, up to the first that does
+            // not (its model's count would be another tokenizer's); estimated
+            // when the first does not.
+            let counting = candidates.iter().take_while(|c| counts_tokens(&c.provider)).count();
+            candidates.truncate(counting);
+            if candidates.is_empty() {
+                return Ok(Routing::Answered(counted.estimate.clone()));
+            }
+        }
         if let Some(key) = candidates.first().and_then(|c| c.inflight_key.clone()) {
             inflight::add(store, &key, true);
             self.record.inflight = Some(key);
@@ -233,7 +236,7 @@ impl Exchange {
                 model,
                 next: Next::Router(attempts),
             };
-            return Ok((routed, forward));
+            return Ok(Routing::Upstream(routed, forward));
         }
         let Some((provider, model, upstream)) = plan.next(&asked, &cfg.routing_field, &mut refusal) else {
             return Err(refusal.unwrap_or_else(|| routing::no_provider(&asked.request.model, &keyless)));
@@ -245,7 +248,7 @@ impl Exchange {
             model,
             next: Next::Call(plan),
         };
-        Ok((routed, forward))
+        Ok(Routing::Upstream(routed, forward))
     }
 }
 

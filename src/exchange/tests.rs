@@ -586,3 +586,59 @@ fn the_log_times_the_upstream_its_first_byte_and_the_whole_request() {
     assert_eq!(observed("waygate.time_to_first_token_ms.oa"), Some(3));
     assert!(log.line.contains(" duration_ms=30"), "{}", log.line);
 }
+
+/// A `count_tokens` request for `model` through a fresh exchange: the forward
+/// to a provider that counts, or the filter's own answer.
+fn count(model: &str) -> (Exchange, Result<Forward, Reply>) {
+    let mut ex = Exchange::new(config(), 0);
+    let auth = format!("Bearer {CLIENT_KEY}");
+    let pairs: Vec<(&str, &str)> = vec![
+        (":method", "POST"),
+        (":path", "/api/v1/messages/count_tokens?beta=true"),
+        ("authorization", &auth),
+        ("content-type", "application/json"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    assert_eq!(ex.on_request_headers(&pairs, false).action, HeadersAction::ReadBody);
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hi there"}]});
+    let sent = ex.on_request_body(body.to_string().as_bytes(), 1, &mut MemoryStore::default());
+    (ex, sent)
+}
+
+#[test]
+fn a_token_count_is_asked_of_a_provider_that_counts_and_estimated_otherwise() {
+    let (mut ex, sent) = count("an/claude-x");
+    let forward = sent.unwrap();
+    let path = forward.set.iter().find(|(k, _)| k == ":path").unwrap();
+    assert!(path.1.ends_with("/messages/count_tokens"), "{path:?}");
+    let body: Value = serde_json::from_slice(forward.body.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        body,
+        json!({"messages": [{"role": "user", "content": "hi there"}], "model": "claude-x"})
+    );
+    assert!(forward.set.contains(&("anthropic-version".into(), "2023-06-01".into())));
+    ex.on_response_headers(&head(200, "application/json"), via_upstream, false);
+    let rewrite = ex.on_buffered_body(br#"{"input_tokens":11}"#);
+    assert_eq!(
+        (rewrite.status, text(&rewrite.body).as_str()),
+        (200, r#"{"input_tokens":11}"#)
+    );
+    assert!(rewrite.set.contains(&("x-waygate-provider".into(), "an".into())));
+    // A provider's own refusal is in Anthropic's envelope.
+    let (mut ex, _) = count("an/claude-x");
+    ex.on_response_headers(&head(400, "application/json"), via_upstream, false);
+    let refused = ex.on_buffered_body(br#"{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}"#);
+    assert_eq!(refused.status, 400);
+    assert_eq!(serde_json::from_slice::<Value>(&refused.body).unwrap()["type"], "error");
+
+    // OpenAI's API has no count: estimated by the filter, no provider asked,
+    // whether the model's first candidate is OpenAI alone or before Anthropic.
+    for model in ["oa/x", "chain/x"] {
+        let (ex, sent) = count(model);
+        let reply = sent.unwrap_err();
+        assert_eq!(reply.status, 200, "{model}");
+        let answer: Value = serde_json::from_slice(&reply.body).unwrap();
+        assert!(answer["input_tokens"].as_u64().unwrap() >= 1, "{answer}");
+        assert!(ex.record.attempts.is_empty());
+    }
+}

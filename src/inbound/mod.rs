@@ -25,11 +25,11 @@ use serde_json::{Map, Value};
 
 use crate::answer::Stamp;
 use crate::config::{Api, Provider};
-use crate::errors::ApiError;
+use crate::errors::{ApiError, ErrorType};
 use crate::providers::UpstreamRequest;
 use crate::providers::native::{NativeStream, Wire};
-use crate::providers::{anthropic, openai};
-use crate::request::Operation;
+use crate::providers::{anthropic, gemini, openai};
+use crate::request::{Operation, ParsedRequest};
 use crate::stream::StreamRewriter;
 use crate::usage::Usage;
 use chat_stream::ChatStreamWriter;
@@ -68,7 +68,8 @@ pub enum ClientApi {
     Responses,
     /// `POST /messages`: Anthropic's Messages API ([`messages`]).
     Messages,
-    /// `POST /messages/count_tokens`: answered by the filter, estimated.
+    /// `POST /messages/count_tokens`: counted by a provider that counts
+    /// (Anthropic, Gemini), else estimated by the filter.
     CountTokens,
 }
 
@@ -121,6 +122,8 @@ pub enum Client {
     Responses(Box<responses::Echo>),
     /// The Messages API, and what its answer takes of the request.
     Messages(Box<messages::Asked>),
+    /// The Messages API's `count_tokens`: only a provider that counts serves it.
+    Count(Box<messages::Counted>),
 }
 
 impl Client {
@@ -130,13 +133,16 @@ impl Client {
             Client::Internal => Ok(internal),
             Client::Responses(echo) => responses::to_response(echo, stamp, &internal),
             Client::Messages(asked) => messages::to_message(asked, stamp, &internal),
+            // Only providers that count are asked (Client::is_native).
+            Client::Count(_) => Err("a token count is not a chat completion".into()),
         }
     }
 
     /// A stream in the client's API over the internal stream `chat`.
     pub fn stream(&self, stamp: &Stamp, chat: StreamRewriter) -> ClientStream {
         let way = match self {
-            Client::Internal => Way::Internal(chat),
+            // A count is never streamed.
+            Client::Internal | Client::Count(_) => Way::Internal(chat),
             Client::Responses(echo) => {
                 Way::Rewritten(chat, Box::new(ResponsesStream::new(echo.for_answer(), stamp.clone())))
             }
@@ -154,10 +160,27 @@ impl Client {
     pub fn native_request(
         &self,
         provider: &Provider,
+        request: &ParsedRequest,
         upstream_model: &str,
         routing_field: &str,
     ) -> Option<Result<UpstreamRequest, ApiError>> {
         match self {
+            Client::Count(counted) if provider.api == Api::Anthropic => Some(anthropic::count_request(
+                provider,
+                &counted.asked.body,
+                &counted.asked.headers,
+                upstream_model,
+                routing_field,
+            )),
+            Client::Count(_) if provider.api == Api::Gemini => {
+                Some(gemini::count_request(provider, request, upstream_model, routing_field))
+            }
+            Client::Count(_) => Some(Err(ApiError::new(
+                400,
+                ErrorType::InvalidRequest,
+                "unsupported_endpoint",
+                format!("Provider '{}' does not count tokens.", provider.id),
+            ))),
             Client::Messages(asked) if self.is_native(provider) => Some(anthropic::native_request(
                 provider,
                 &asked.body,
@@ -183,6 +206,7 @@ impl Client {
         match self {
             Client::Messages(_) => provider.api == Api::Anthropic,
             Client::Responses(_) => provider.api == Api::Openai && provider.responses,
+            Client::Count(_) => counts_tokens(provider),
             Client::Internal => false,
         }
     }
@@ -191,7 +215,7 @@ impl Client {
     pub fn native_stream(&self, provider: &Provider) -> ClientStream {
         let wire = match self {
             Client::Responses(_) => Wire::Responses,
-            Client::Messages(_) | Client::Internal => Wire::Messages,
+            Client::Messages(_) | Client::Count(_) | Client::Internal => Wire::Messages,
         };
         ClientStream {
             way: Way::Native(Box::new(NativeStream::new(wire, provider.credential.clone()))),
@@ -201,9 +225,12 @@ impl Client {
 
     /// The provider's answer in the client's own API, with the client's
     /// model name, and its usage.
-    pub fn native_answer(&self, stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), String> {
+    pub fn native_answer(&self, provider: &Provider, stamp: &Stamp, body: &[u8]) -> Result<(Vec<u8>, Usage), String> {
         match self {
             Client::Responses(_) => openai::responses_answer(body, &stamp.model),
+            // A count spends no tokens.
+            Client::Count(_) if provider.api == Api::Gemini => Ok((gemini::count_answer(body)?, Usage::default())),
+            Client::Count(_) => Ok((anthropic::count_answer(body)?, Usage::default())),
             Client::Messages(_) | Client::Internal => anthropic::native_answer(body, &stamp.model),
         }
     }
@@ -272,6 +299,12 @@ impl ClientStream {
 
 /// Each provider API's recorded streams (`tests/fixtures/`), which the
 /// inbound APIs' tests replay through the whole way.
+/// Whether `provider` counts a request's tokens in its own API (Anthropic's
+/// `count_tokens`, Gemini's `countTokens`); the others' counts are estimated.
+pub fn counts_tokens(provider: &Provider) -> bool {
+    matches!(provider.api, Api::Anthropic | Api::Gemini)
+}
+
 #[cfg(test)]
 pub(crate) mod recorded {
     use serde_json::Value;

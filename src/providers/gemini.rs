@@ -96,6 +96,49 @@ pub fn build_request(
     })
 }
 
+/// A request's tokens counted by Gemini (`models/{model}:countTokens`): the
+/// request it would send, whole, as the `generateContentRequest` to count
+/// (system instruction and tools included, which a bare `contents` leaves out).
+pub fn count_request(
+    provider: &Provider,
+    request: &ParsedRequest,
+    upstream_model: &str,
+    routing_field: &str,
+) -> Result<UpstreamRequest, ApiError> {
+    let generate = build_request(provider, request, upstream_model, routing_field)?;
+    let model = upstream_model.strip_prefix("models/").unwrap_or(upstream_model);
+    let Some(members) = generate.body.strip_prefix(b"{") else {
+        return Err(encode_failed());
+    };
+    // The body is an object with `contents` at least: the model goes first in it.
+    let name = serde_json::to_vec(&format!("models/{model}")).map_err(|_| encode_failed())?;
+    let mut body = Vec::with_capacity(generate.body.len() + name.len() + 40);
+    body.extend_from_slice(b"{\"generateContentRequest\":{\"model\":");
+    body.extend_from_slice(&name);
+    body.push(b',');
+    body.extend_from_slice(members);
+    body.push(b'}');
+    Ok(UpstreamRequest {
+        path: format!("{}/models/{}:countTokens", provider.path_prefix, path_segment(model)),
+        headers: generate.headers,
+        body,
+    })
+}
+
+/// What a count must hold.
+#[derive(Deserialize)]
+struct Count {
+    #[serde(rename = "totalTokens")]
+    total_tokens: u64,
+}
+
+/// Gemini's count (`{"totalTokens": N, ...}`) as Anthropic's
+/// (`{"input_tokens": N}`); `Err` says why it is not one.
+pub fn count_answer(body: &[u8]) -> Result<Vec<u8>, String> {
+    let count: Count = serde_json::from_slice(body).map_err(|e| format!("body is not a Gemini token count: {e}"))?;
+    Ok(format!("{{\"input_tokens\":{}}}", count.total_tokens).into_bytes())
+}
+
 fn encode_failed() -> ApiError {
     ApiError::new(
         500,
@@ -1321,5 +1364,35 @@ mod tests {
             ("UNAVAILABLE".into(), "busy".into())
         );
         assert_eq!(error_details(b"<html>"), ErrorDetails::default());
+    }
+
+    #[test]
+    fn a_count_asks_count_tokens_with_the_whole_request_and_reads_total_tokens() {
+        let body = json!({"model": "gem/x", "max_tokens": 1,
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]});
+        let generate = build_request(&provider(), &chat(body.clone()), "gemini-2.5-flash", "waygate").unwrap();
+        let up = count_request(&provider(), &chat(body), "gemini-2.5-flash", "waygate").unwrap();
+        assert_eq!(up.path, "/v1beta/models/gemini-2.5-flash:countTokens");
+        assert_eq!(up.headers, generate.headers, "the same credential");
+        let sent: Value = serde_json::from_slice(&up.body).unwrap();
+        let mut expected: Value = serde_json::from_slice(&generate.body).unwrap();
+        expected["model"] = "models/gemini-2.5-flash".into();
+        assert_eq!(sent, json!({"generateContentRequest": expected}));
+        assert!(sent["generateContentRequest"]["systemInstruction"].is_object());
+        assert!(sent["generateContentRequest"]["tools"].is_array());
+        // As generativelanguage.googleapis.com answers countTokens.
+        let answer = br#"{
+  "totalTokens": 31,
+  "promptTokensDetails": [
+    {
+      "modality": "TEXT",
+      "tokenCount": 31
+    }
+  ]
+}
+"#;
+        assert_eq!(count_answer(answer).unwrap(), br#"{"input_tokens":31}"#);
+        assert!(count_answer(br#"{"candidates": []}"#).is_err());
     }
 }

@@ -86,8 +86,11 @@ for provider in ["fake", "fakeanthropic", "fakegemini"]:
     received = seen.content[0].text
     assert pixel in received and "What is this?" in received, received
 
-# Token counting, answered by the gateway (an estimate that grows with the text).
+# Token counting: by the provider that counts (Anthropic's count_tokens, Gemini's
+# countTokens), else the gateway's estimate; each grows with the text.
 short = client.messages.count_tokens(model="fakeanthropic/ok", messages=[{"role": "user", "content": "hi"}])
+estimated = client.messages.count_tokens(model="fake/ok", messages=[{"role": "user", "content": "hi " * 400}])
+assert short.input_tokens < estimated.input_tokens, (short, estimated)
 long = client.messages.count_tokens(
     model="fakegemini/ok", system="Be brief.", tools=[weather],
     messages=[{"role": "user", "content": "hi " * 400}],

@@ -92,14 +92,29 @@ pub fn to_chat(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Asked), Api
     Ok((chat, asked))
 }
 
+/// A `count_tokens` request, and the filter's estimate of its count for when
+/// no provider that counts may be asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Counted {
+    /// The request as the client sent it (no `max_tokens`), for a provider
+    /// that counts in its own API, Anthropic.
+    pub asked: Asked,
+    /// `{"input_tokens": N}`: a token for every four bytes of the request's
+    /// system prompt, messages and tools as JSON, at least 1.
+    pub estimate: Value,
+}
+
 /// A `count_tokens` request (a Messages request without `max_tokens`), checked
-/// as a Messages request: its chat form (for the model), and the estimate.
-pub fn count_request(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Value), ApiError> {
+/// as a Messages request: its chat form (the model, and what a provider that
+/// counts in another API reads), and what its count needs.
+pub fn count_request(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Counted), ApiError> {
     let mut request = read_object(body)?;
     request.entry("max_tokens").or_insert_with(|| 1.into());
     let with_max = chat_body(request.clone())?;
-    let (chat, _) = to_chat(&with_max, routing_field)?;
-    Ok((chat, count_tokens(&request)))
+    let (chat, mut asked) = to_chat(&with_max, routing_field)?;
+    asked.body = body.to_vec();
+    let estimate = count_tokens(&request);
+    Ok((chat, Counted { asked, estimate }))
 }
 
 fn translate(request: &Map<String, Value>, routing_field: &str) -> Result<(Vec<u8>, Asked), ApiError> {

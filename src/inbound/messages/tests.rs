@@ -327,8 +327,14 @@ fn a_provider_failing_mid_stream_ends_with_an_error_event() {
 #[test]
 fn count_tokens_is_an_estimate_that_grows_with_the_text_and_needs_no_max_tokens() {
     let count = |request: Value| {
-        let (_, count) = count_request(request.to_string().as_bytes(), "waygate").unwrap();
-        count["input_tokens"].as_u64().unwrap()
+        let body = request.to_string();
+        let (_, counted) = count_request(body.as_bytes(), "waygate").unwrap();
+        assert_eq!(
+            counted.asked.body,
+            body.as_bytes(),
+            "the client's own body, for Anthropic"
+        );
+        counted.estimate["input_tokens"].as_u64().unwrap()
     };
     let short = count(json!({"model": "a/b", "messages": [{"role": "user", "content": "hi"}]}));
     let long = count(

@@ -486,14 +486,18 @@ fn a_provider_serving_the_responses_api_gets_the_request_as_it_came() {
     let provider = config.provider("o").unwrap();
     // What chat cannot carry: an earlier response, a tool OpenAI runs, a reasoning item.
     let body = br#"{"model":"o/gpt-5","previous_response_id":"resp_1","input":[{"type":"reasoning","id":"rs_1","encrypted_content":"gAAA","summary":[]}],"tools":[{"type":"web_search"}],"waygate":{"routing":{}}}"#;
-    let (_, echo) = to_chat(body, "waygate").unwrap();
+    let (chat, echo) = to_chat(body, "waygate").unwrap();
+    let request = crate::request::parse(crate::request::Operation::Chat, &chat).unwrap();
     assert_eq!(
         echo.untranslatable.as_ref().map(|e| e.param.as_deref()),
         Some(Some("previous_response_id"))
     );
     let client = Client::Responses(Box::new(echo));
     assert!(client.is_native(provider));
-    let up = client.native_request(provider, "gpt-5", "waygate").unwrap().unwrap();
+    let up = client
+        .native_request(provider, &request, "gpt-5", "waygate")
+        .unwrap()
+        .unwrap();
     assert_eq!(up.path, "/v1/responses");
     assert_eq!(
         std::str::from_utf8(&up.body).unwrap(),
@@ -502,7 +506,7 @@ fn a_provider_serving_the_responses_api_gets_the_request_as_it_came() {
     assert_eq!(up.headers, [("authorization".to_string(), "Bearer sk-1".to_string())]);
     // Its answer keeps its own id and says the client's model.
     let answer = br#"{"id":"resp_abc","object":"response","model":"gpt-5-2025-08-07","output":[],"usage":{"input_tokens":7,"output_tokens":3,"total_tokens":10}}"#;
-    let (out, usage) = client.native_answer(&stamp(), answer).unwrap();
+    let (out, usage) = client.native_answer(provider, &stamp(), answer).unwrap();
     assert_eq!(
         std::str::from_utf8(&out).unwrap(),
         r#"{"id":"resp_abc","object":"response","model":"fake/ok","output":[],"usage":{"input_tokens":7,"output_tokens":3,"total_tokens":10}}"#

@@ -33,6 +33,31 @@ pub fn native_request(
     upstream_model: &str,
     routing_field: &str,
 ) -> Result<UpstreamRequest, ApiError> {
+    let asked = (client_body, client_headers);
+    request_to(provider, "/messages", asked, upstream_model, routing_field)
+}
+
+/// The client's `count_tokens` request for an Anthropic provider, which
+/// counts it itself: as [`native_request`], to `/messages/count_tokens`.
+pub fn count_request(
+    provider: &Provider,
+    client_body: &[u8],
+    client_headers: &[Header],
+    upstream_model: &str,
+    routing_field: &str,
+) -> Result<UpstreamRequest, ApiError> {
+    let asked = (client_body, client_headers);
+    request_to(provider, "/messages/count_tokens", asked, upstream_model, routing_field)
+}
+
+/// The client's body and headers (`asked`) for `endpoint` of an Anthropic provider.
+fn request_to(
+    provider: &Provider,
+    endpoint: &str,
+    (client_body, client_headers): (&[u8], &[Header]),
+    upstream_model: &str,
+    routing_field: &str,
+) -> Result<UpstreamRequest, ApiError> {
     let body = crate::providers::native::request_body(client_body, upstream_model, routing_field)?;
     let mut headers = vec![("x-api-key".to_string(), provider.credential_text().to_string())];
     for name in CLIENT_HEADERS {
@@ -44,7 +69,7 @@ pub fn native_request(
         }
     }
     Ok(UpstreamRequest {
-        path: format!("{}/messages", provider.path_prefix),
+        path: format!("{}{endpoint}", provider.path_prefix),
         headers,
         body,
     })
@@ -78,6 +103,16 @@ pub fn native_answer(body: &[u8], model: &str) -> Result<(Vec<u8>, Usage), Strin
     let members = Members::parse_str(text).map_err(|e| e.to_string())?;
     let out = crate::providers::native::answer_with_model(&members, model, body.len());
     Ok((out, usage_of(&answer.usage)))
+}
+
+/// The provider's count (`{"input_tokens": N}`) as it came; `Err` says why it
+/// is not one.
+pub fn count_answer(body: &[u8]) -> Result<Vec<u8>, String> {
+    let count: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    match count.get("input_tokens").and_then(serde_json::Value::as_u64) {
+        Some(_) => Ok(body.to_vec()),
+        None => Err("body is not an Anthropic token count (no input_tokens)".into()),
+    }
 }
 
 #[derive(Deserialize)]
@@ -230,5 +265,23 @@ mod tests {
             "{text}"
         );
         assert_eq!(error, None);
+    }
+
+    #[test]
+    fn a_count_goes_to_count_tokens_as_the_client_sent_it_and_comes_back_as_it_came() {
+        let body = br#"{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"hi"}]}"#;
+        let up = count_request(&provider(), body, &[], "claude-sonnet-4-5-20250929", "waygate").unwrap();
+        assert_eq!(up.path, "/v1/messages/count_tokens");
+        assert_eq!(
+            std::str::from_utf8(&up.body).unwrap(),
+            r#"{"system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"hi"}],"model":"claude-sonnet-4-5-20250929"}"#
+        );
+        assert!(up.headers.contains(&("anthropic-version".into(), VERSION.into())));
+        assert!(up.headers.contains(&("x-api-key".into(), "sk-ant-secret-1".into())));
+        // As api.anthropic.com answers it.
+        let answer = br#"{"input_tokens":14}"#;
+        assert_eq!(count_answer(answer).unwrap(), answer);
+        assert!(count_answer(br#"{"type":"message"}"#).is_err());
+        assert!(count_answer(b"not json").is_err());
     }
 }

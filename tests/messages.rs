@@ -211,3 +211,58 @@ fn token_counts_come_from_the_provider_that_counts_and_are_estimated_otherwise()
     assert_eq!(r.json(), json!({"input_tokens": bytes.div_ceil(4)}));
     assert!(gw.fakes.received().is_empty());
 }
+
+#[test]
+fn a_translated_providers_thoughts_come_back_as_thinking_and_never_go_to_anthropic_unsigned() {
+    let gw = Gateway::start();
+    let ask = json!({"model": "fakegemini/ok", "max_tokens": 2000,
+        "thinking": {"type": "enabled", "budget_tokens": 10000},
+        "messages": [{"role": "user", "content": "Add 2 and 3."}]});
+    let r = messages(&gw, &ask.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let content = r.json()["content"].clone();
+    // The budget became Gemini's thinkingBudget for a medium effort, and its thoughts a thinking block.
+    assert_eq!(
+        content[0],
+        json!({"type": "thinking", "thinking": "Thinking within 8192 tokens.", "signature": ""})
+    );
+    assert_eq!(content[1]["type"], "text");
+    let got = gw.fakes.received();
+    let sent: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(
+        sent["generationConfig"]["thinkingConfig"],
+        json!({"thinkingBudget": 8192, "includeThoughts": true})
+    );
+
+    let mut streamed = ask.clone();
+    streamed["stream"] = true.into();
+    let r = messages(&gw, &streamed.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let events: Vec<Value> = r
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let first_block = events.iter().find(|e| e["type"] == "content_block_start").unwrap();
+    assert_eq!(first_block["content_block"]["type"], "thinking");
+    let thinking: String = events
+        .iter()
+        .filter(|e| e["delta"]["type"] == "thinking_delta")
+        .map(|e| e["delta"]["thinking"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(thinking, "Thinking within 8192 tokens.");
+
+    // The client sends that turn back to a model Anthropic serves: the
+    // unsigned block stays behind, the rest goes as it came.
+    gw.fakes.clear_received();
+    let next = json!({"model": "fakeanthropic/ok", "max_tokens": 100, "messages": [
+        {"role": "user", "content": "Add 2 and 3."},
+        {"role": "assistant", "content": content},
+        {"role": "user", "content": "And 4?"}]});
+    let r = messages(&gw, &next.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent: Value = serde_json::from_slice(&gw.fakes.received()[0].body).unwrap();
+    assert_eq!(sent["messages"][1]["content"], json!([content[1].clone()]));
+    assert_eq!(sent["messages"][2], next["messages"][2]);
+}

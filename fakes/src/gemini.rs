@@ -92,6 +92,14 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>, model: &str, stream
         request: req,
     };
     let answer = answer::answer(&ask);
+    // With `includeThoughts`, a thought summary comes first; it names the budget it was given.
+    let thinking = config("thinkingConfig");
+    let thought = thinking
+        .filter(|t| field_of(t, "includeThoughts").and_then(Value::as_bool) == Some(true))
+        .map(|t| {
+            let budget = field_of(t, "thinkingBudget").and_then(Value::as_i64).unwrap_or(-1);
+            json!({"text": format!("Thinking within {budget} tokens."), "thought": true})
+        });
     let n = config("candidateCount")
         .and_then(Value::as_u64)
         .unwrap_or(1)
@@ -101,17 +109,20 @@ fn respond(req: &RecordedRequest, body: &Map<String, Value>, model: &str, stream
         Reply::bytes(
             200,
             "application/json; charset=UTF-8",
-            pretty(&response(model, &id, &answer, n)),
+            pretty(&response(model, &id, &answer, n, thought.as_ref())),
         )
     } else if sse {
-        let mut events: Vec<Vec<u8>> = chunks(model, &id, &answer, n).iter().map(frame).collect();
+        let mut events: Vec<Vec<u8>> = chunks(model, &id, &answer, n, thought.as_ref())
+            .iter()
+            .map(frame)
+            .collect();
         if directive == Directive::StreamError {
             events.truncate(1);
             events.push(frame(&json!({"error": {"code": 503, "message": "The model is overloaded. Please try again later.", "status": "UNAVAILABLE"}})));
         }
         Reply::sse("text/event-stream", events)
     } else {
-        let array = Value::Array(chunks(model, &id, &answer, n));
+        let array = Value::Array(chunks(model, &id, &answer, n, thought.as_ref()));
         Reply::bytes(200, "application/json; charset=UTF-8", pretty(&array))
     };
     match directive {
@@ -154,22 +165,29 @@ fn count(body: &Map<String, Value>, model: &str) -> Reply {
     Reply::bytes(200, "application/json; charset=UTF-8", pretty(&answer))
 }
 
-fn response(model: &str, id: &str, answer: &Answer, n: usize) -> Value {
-    let parts = parts(answer);
+fn response(model: &str, id: &str, answer: &Answer, n: usize, thought: Option<&Value>) -> Value {
+    let mut parts = parts(answer);
+    if let Some(thought) = thought {
+        parts.insert(0, thought.clone());
+    }
     let candidates: Vec<Value> = (0..n).map(|i| candidate(parts.clone(), i, Some(answer))).collect();
     let out = answer.output_tokens * n as u64;
     json!({"candidates": candidates, "usageMetadata": usage(answer.input_tokens, out), "modelVersion": model, "responseId": id})
 }
 
-/// The stream chunks: one per text piece (tool calls all in one chunk).
-fn chunks(model: &str, id: &str, answer: &Answer, n: usize) -> Vec<Value> {
-    let pieces: Vec<Vec<Value>> = match &answer.content {
+/// The stream chunks: a thought summary's first if any, then one per text
+/// piece (tool calls all in one chunk).
+fn chunks(model: &str, id: &str, answer: &Answer, n: usize, thought: Option<&Value>) -> Vec<Value> {
+    let mut pieces: Vec<Vec<Value>> = match &answer.content {
         Content::Calls(_) => vec![parts(answer)],
         Content::Text(t) => answer::stream_pieces(t)
             .into_iter()
             .map(|p| vec![json!({"text": p})])
             .collect(),
     };
+    if let Some(thought) = thought {
+        pieces.insert(0, vec![thought.clone()]);
+    }
     let last = pieces.len().saturating_sub(1);
     let mut words = 0;
     pieces

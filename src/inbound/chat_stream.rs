@@ -3,7 +3,7 @@
 //! each kind of event ([`ChatStreamWriter`]).
 //!
 //! The chat stream is what [`crate::stream::StreamRewriter`] wrote: chunks
-//! (choice 0's text, refusal and tool call deltas, its finish reason), the
+//! (choice 0's reasoning, text, refusal and tool call deltas, its finish reason), the
 //! usage chunk, then `[DONE]`; or one error event instead of `[DONE]`.
 
 use serde_json::Value;
@@ -18,6 +18,9 @@ pub trait ChatStreamWriter {
     fn finished(&self) -> bool;
     /// Before the first event's own output.
     fn start(&mut self, out: &mut Vec<u8>);
+    /// Reasoning of choice 0 (`reasoning_content`: a provider's thoughts,
+    /// shown when the request asked for an effort), before its text.
+    fn reasoning(&mut self, text: &str, out: &mut Vec<u8>);
     /// Text of choice 0 (its content, or a refusal).
     fn text(&mut self, text: &str, out: &mut Vec<u8>);
     /// One tool call delta of choice 0 (`index`, `id`, `function`).
@@ -79,6 +82,13 @@ fn on_event<W: ChatStreamWriter + ?Sized>(w: &mut W, data: &str, out: &mut Vec<u
         return;
     };
     if let Some(delta) = choice.get("delta") {
+        if let Some(text) = delta
+            .get("reasoning_content")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+        {
+            w.reasoning(text, out);
+        }
         for key in ["content", "refusal"] {
             if let Some(text) = delta.get(key).and_then(Value::as_str).filter(|t| !t.is_empty()) {
                 w.text(text, out);

@@ -308,6 +308,18 @@ fn generation_config(body: &Map<String, Value>) -> Map<String, Value> {
     if let Some(seed) = seed(body) {
         config.insert("seed".into(), seed.into());
     }
+    if let Some(budget) = body
+        .get("reasoning_effort")
+        .and_then(Value::as_str)
+        .and_then(thinking_budget)
+    {
+        // The thoughts come back too (as `reasoning_content`): a client that
+        // asked for an effort shows them (the Messages API's thinking blocks).
+        config.insert(
+            "thinkingConfig".into(),
+            json!({"thinkingBudget": budget, "includeThoughts": true}),
+        );
+    }
     match chat::response_format(body) {
         ResponseFormat::Text => {}
         ResponseFormat::JsonObject | ResponseFormat::JsonSchema(None) => {
@@ -319,6 +331,19 @@ fn generation_config(body: &Map<String, Value>) -> Map<String, Value> {
         }
     }
     config
+}
+
+/// Gemini's thinking budget (tokens) for chat's `reasoning_effort`: the
+/// middle of the Messages API's band for each effort
+/// (docs/contract.md "The Messages API"); `None` for an effort Gemini has no
+/// budget for (`none`, or a value of a later OpenAI).
+fn thinking_budget(effort: &str) -> Option<u64> {
+    match effort {
+        "minimal" | "low" => Some(1024),
+        "medium" => Some(8192),
+        "high" => Some(24576),
+        _ => None,
+    }
 }
 
 /// OpenAI's seed is 64-bit, Gemini's 32-bit: a seed that does not fit keeps
@@ -525,6 +550,8 @@ fn finish_reason(reason: &str, has_calls: bool) -> &'static str {
 /// What one candidate (or one chunk of it) says.
 struct Said {
     text: Option<String>,
+    /// Its thought summaries (parts marked `thought`), asked for with an effort.
+    thoughts: Option<String>,
     calls: Vec<Value>,
 }
 
@@ -533,6 +560,7 @@ struct Said {
 fn read_parts(parts: &[WirePart], (response_id, index): (Option<&str>, u64), first_call: u64, stream: bool) -> Said {
     let mut said = Said {
         text: None,
+        thoughts: None,
         calls: Vec::new(),
     };
     // Only tool calls need the tag: most chunks are text.
@@ -548,10 +576,13 @@ fn read_parts(parts: &[WirePart], (response_id, index): (Option<&str>, u64), fir
                 map.insert("index".into(), k.into());
             }
             said.calls.push(value);
-        } else if let Some(text) = &part.text
-            && !part.thought
-        {
-            said.text.get_or_insert_with(String::new).push_str(text);
+        } else if let Some(text) = &part.text {
+            let said_as = if part.thought {
+                &mut said.thoughts
+            } else {
+                &mut said.text
+            };
+            said_as.get_or_insert_with(String::new).push_str(text);
         }
     }
     said
@@ -588,7 +619,13 @@ pub fn translate_answer(request: &ParsedRequest, body: &[u8]) -> Result<(Value, 
             let parts = c.content.as_ref().map(|c| c.parts.as_slice()).unwrap_or_default();
             let said = read_parts(parts, (response.response_id.as_deref(), index), 0, false);
             let finish = finish_reason(c.finish_reason.as_deref().unwrap_or("STOP"), !said.calls.is_empty());
-            (index, chat::choice(index, said.text, said.calls, finish))
+            let mut choice = chat::choice(index, said.text, said.calls, finish);
+            if let (Some(thoughts), Some(message)) =
+                (said.thoughts, choice.get_mut("message").and_then(Value::as_object_mut))
+            {
+                message.insert("reasoning_content".into(), thoughts.into());
+            }
+            (index, choice)
         })
         .collect();
     // Candidates are few (one, unless the request asked for more): an
@@ -701,16 +738,22 @@ impl StreamTranslator for GeminiStream {
             let said = read_parts(parts, (response.response_id.as_deref(), index), state.calls, true);
             state.calls += said.calls.len() as u64;
             let text = said.text.filter(|t| !t.is_empty());
-            if said.calls.is_empty() {
+            let thoughts = said.thoughts.filter(|t| !t.is_empty());
+            if said.calls.is_empty() && thoughts.is_none() {
                 if let Some(text) = text {
                     items.push(StreamItem::Content { index, text });
                 }
             } else {
                 let mut delta = Map::new();
+                if let Some(thoughts) = thoughts {
+                    delta.insert("reasoning_content".into(), thoughts.into());
+                }
                 if let Some(text) = text {
                     delta.insert("content".into(), text.into());
                 }
-                delta.insert("tool_calls".into(), Value::Array(said.calls));
+                if !said.calls.is_empty() {
+                    delta.insert("tool_calls".into(), Value::Array(said.calls));
+                }
                 items.push(StreamItem::Chunk(chat::chunk(index, Value::Object(delta), None)));
             }
             if let Some(reason) = &candidate.finish_reason {
@@ -1394,5 +1437,45 @@ mod tests {
 "#;
         assert_eq!(count_answer(answer).unwrap(), br#"{"input_tokens":31}"#);
         assert!(count_answer(br#"{"candidates": []}"#).is_err());
+    }
+
+    #[test]
+    fn an_effort_asks_for_a_thinking_budget_and_the_thoughts_come_back_as_reasoning() {
+        let mut body = hi();
+        body["reasoning_effort"] = "medium".into();
+        assert_eq!(
+            build(body.clone()).unwrap()["generationConfig"]["thinkingConfig"],
+            json!({"thinkingBudget": 8192, "includeThoughts": true})
+        );
+        let none = build(hi()).unwrap();
+        assert!(none.pointer("/generationConfig/thinkingConfig").is_none(), "{none}");
+        // A thought summary before the answer (the shape of the thinking docs).
+        let (v, _) = answer(
+            body.clone(),
+            br#"{"candidates": [{"content": {"parts": [{"text": "Two and three.", "thought": true}, {"text": "5"}], "role": "model"}, "finishReason": "STOP", "index": 0}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            v["choices"][0]["message"],
+            json!({"role": "assistant", "content": "5", "reasoning_content": "Two and three."})
+        );
+        let events = stream(
+            &body,
+            include_bytes!("../../tests/fixtures/gemini/stream_generate_content_thoughts.sse"),
+            false,
+        );
+        let chunks = chunks(&events);
+        let thoughts: String = chunks
+            .iter()
+            .filter_map(|c| c.pointer("/choices/0/delta/reasoning_content").and_then(Value::as_str))
+            .collect();
+        assert_eq!(
+            thoughts,
+            "**Adding and multiplying**\n\nThe user wants the sum and the product of 2 and 3. Both are small: 5 and 6."
+        );
+        assert_eq!(
+            streamed_text(&chunks),
+            "The sum of 2 and 3 is 5. The product of 2 and 3 is 6."
+        );
     }
 }

@@ -86,6 +86,22 @@ for provider in ["fake", "fakeanthropic", "fakegemini"]:
     received = seen.content[0].text
     assert pixel in received and "What is this?" in received, received
 
+# Thinking through a translated provider: Gemini's thoughts as a thinking block (the
+# SDK's own type, signature empty), then streamed as thinking_delta events.
+thought = client.messages.create(
+    model="fakegemini/ok", max_tokens=2000, thinking={"type": "enabled", "budget_tokens": 2048},
+    messages=[{"role": "user", "content": "Add 2 and 3."}],
+)
+assert [b.type for b in thought.content] == ["thinking", "text"], thought.content
+assert thought.content[0].thinking == "Thinking within 1024 tokens." and thought.content[0].signature == "", thought
+with client.messages.stream(
+    model="fakegemini/ok", max_tokens=2000, thinking={"type": "enabled", "budget_tokens": 2048},
+    messages=[{"role": "user", "content": "Add 2 and 3."}],
+) as stream:
+    thinking = "".join(e.thinking for e in stream if e.type == "thinking")
+    final = stream.get_final_message()
+assert thinking == "Thinking within 1024 tokens." and final.content[0].type == "thinking", (thinking, final)
+
 # Token counting: by the provider that counts (Anthropic's count_tokens, Gemini's
 # countTokens), else the gateway's estimate; each grows with the text.
 short = client.messages.count_tokens(model="fakeanthropic/ok", messages=[{"role": "user", "content": "hi"}])

@@ -512,6 +512,14 @@ pub fn to_message(_asked: &Asked, stamp: &Stamp, chat: &[u8]) -> Result<Vec<u8>,
     let choice = chat.pointer("/choices/0").ok_or("the answer has no choice")?;
     let message = choice.get("message").ok_or("the answer's choice has no message")?;
     let mut content = Vec::new();
+    let thoughts = message
+        .get("reasoning_content")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if !thoughts.is_empty() {
+        // Unsigned: only Anthropic signs its thinking (see native::request_body).
+        content.push(json!({"type": "thinking", "thinking": thoughts, "signature": ""}));
+    }
     let text = message.get("content").and_then(Value::as_str).unwrap_or_default();
     if !text.is_empty() {
         content.push(json!({"type": "text", "text": text}));

@@ -2,7 +2,9 @@
 //!
 //! [`MessagesStream`] reads the finished chat stream and writes, each as
 //! `event: <type>` and its data: `message_start` (the message, empty) and a
-//! `ping`; per text run `content_block_start` (`text`),
+//! `ping`; per run of reasoning a `thinking` block (`thinking_delta`s, its
+//! signature empty: no provider but Anthropic signs); per text run
+//! `content_block_start` (`text`),
 //! `content_block_delta`s (`text_delta`) and `content_block_stop`; per tool
 //! call `content_block_start` (`tool_use`), `content_block_delta`s
 //! (`input_json_delta`) and `content_block_stop`; at `[DONE]`
@@ -20,6 +22,7 @@ use crate::sse::SseDecoder;
 /// The content block being written.
 enum Open {
     None,
+    Thinking,
     Text,
     /// A tool call; `index` is chat's tool call index.
     Tool {
@@ -86,6 +89,19 @@ impl ChatStreamWriter for MessagesStream {
             "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage(None)}});
         emit(out, "message_start", &message);
         emit(out, "ping", &json!({"type": "ping"}));
+    }
+
+    fn reasoning(&mut self, text: &str, out: &mut Vec<u8>) {
+        if !matches!(self.open, Open::Thinking) {
+            self.close_block(out);
+            let start = json!({"type": "content_block_start", "index": self.blocks,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""}});
+            emit(out, "content_block_start", &start);
+            self.open = Open::Thinking;
+        }
+        let delta = json!({"type": "content_block_delta", "index": self.blocks,
+            "delta": {"type": "thinking_delta", "thinking": text}});
+        emit(out, "content_block_delta", &delta);
     }
 
     fn text(&mut self, text: &str, out: &mut Vec<u8>) {

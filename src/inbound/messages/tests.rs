@@ -352,3 +352,68 @@ fn count_tokens_is_an_estimate_that_grows_with_the_text_and_needs_no_max_tokens(
         .is_err()
     );
 }
+
+#[test]
+fn a_providers_thoughts_are_a_thinking_block_before_the_text_under_every_chunking() {
+    let input = include_bytes!("../../../tests/fixtures/gemini/stream_generate_content_thoughts.sse");
+    let events = replay_every_chunking(Api::Gemini, input);
+    let shape: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|e| e["type"] == "content_block_start")
+        .map(|e| {
+            (
+                e["content_block"]["type"].as_str().unwrap(),
+                e["content_block"]["signature"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(shape, [("thinking", ""), ("text", "-")]);
+    let deltas = |kind: &str, field: &str| -> String {
+        events
+            .iter()
+            .filter(|e| e["delta"]["type"] == kind)
+            .map(|e| e["delta"][field].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        deltas("thinking_delta", "thinking"),
+        "**Adding and multiplying**\n\nThe user wants the sum and the product of 2 and 3. Both are small: 5 and 6."
+    );
+    assert_eq!(
+        deltas("text_delta", "text"),
+        "The sum of 2 and 3 is 5. The product of 2 and 3 is 6."
+    );
+    // Each block is stopped before the next starts, the thinking one at index 0.
+    let starts_and_stops: Vec<(&str, u64)> = events
+        .iter()
+        .filter(|e| ["content_block_start", "content_block_stop"].contains(&e["type"].as_str().unwrap()))
+        .map(|e| (e["type"].as_str().unwrap(), e["index"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        starts_and_stops,
+        [
+            ("content_block_start", 0),
+            ("content_block_stop", 0),
+            ("content_block_start", 1),
+            ("content_block_stop", 1)
+        ]
+    );
+}
+
+#[test]
+fn a_providers_reasoning_is_an_unsigned_thinking_block_of_the_message() {
+    let chat = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": "5", "reasoning_content": "Two and three."}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}});
+    let (_, asked) = to_chat(
+        br#"{"model":"a/b","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#,
+        "waygate",
+    )
+    .unwrap();
+    let message: Value =
+        serde_json::from_slice(&to_message(&asked, &stamp(), chat.to_string().as_bytes()).unwrap()).unwrap();
+    assert_eq!(
+        message["content"],
+        json!([{"type": "thinking", "thinking": "Two and three.", "signature": ""}, {"type": "text", "text": "5"}])
+    );
+}

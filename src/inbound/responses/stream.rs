@@ -169,6 +169,12 @@ impl ChatStreamWriter for ResponsesStream {
         }
     }
 
+    /// Not written. A Responses client sends a `reasoning` item back with its
+    /// next turn, and one a translated provider's thoughts made would have no
+    /// `encrypted_content`: a provider serving the Responses API natively
+    /// refuses such an item (docs/contract.md "The Responses API").
+    fn reasoning(&mut self, _text: &str, _out: &mut Vec<u8>) {}
+
     fn text(&mut self, text: &str, out: &mut Vec<u8>) {
         if self.message.is_none() {
             let output_index = self.reserve();

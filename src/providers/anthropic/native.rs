@@ -4,7 +4,9 @@
 //! documents, server tools, betas).
 //!
 //! - [`native_request`]: the client's body with `model` renamed and the
-//!   routing field removed, every other member byte for byte; the client's
+//!   routing field removed, every other member byte for byte (but for the
+//!   unsigned thinking blocks of turns another provider served, removed from
+//!   `messages`: Anthropic refuses a thinking block it did not sign); the client's
 //!   `anthropic-version` (else [`VERSION`]) and `anthropic-beta` go with it.
 //! - [`native_answer`]: the provider's `message` with `model` as the client
 //!   asked, every other member byte for byte, and its usage read.
@@ -17,7 +19,7 @@ use serde_json::value::RawValue;
 use super::{VERSION, WireUsage};
 use crate::config::Provider;
 use crate::errors::{ApiError, Header};
-use crate::json::members::Members;
+use crate::json::members::{Members, ObjectWriter};
 use crate::providers::UpstreamRequest;
 use crate::usage::Usage;
 
@@ -58,6 +60,8 @@ fn request_to(
     upstream_model: &str,
     routing_field: &str,
 ) -> Result<UpstreamRequest, ApiError> {
+    let signed_only = without_unsigned_thinking(client_body);
+    let client_body = signed_only.as_deref().unwrap_or(client_body);
     let body = crate::providers::native::request_body(client_body, upstream_model, routing_field)?;
     let mut headers = vec![("x-api-key".to_string(), provider.credential_text().to_string())];
     for name in CLIENT_HEADERS {
@@ -73,6 +77,53 @@ fn request_to(
         headers,
         body,
     })
+}
+
+/// A thinking block with an empty signature, as the Messages API's answers
+/// from a translated provider carry (`inbound::messages`).
+const UNSIGNED: &[u8] = br#""signature":"""#;
+
+/// The client's body without the thinking blocks no provider signed (a turn
+/// a translated provider served, sent back by the client), a message left
+/// empty by that removed too; `None` when it has none (nearly always: one
+/// search), the body then passing byte for byte.
+fn without_unsigned_thinking(body: &[u8]) -> Option<Vec<u8>> {
+    memchr::memmem::find(body, UNSIGNED)?;
+    let members = Members::parse(body).ok()?;
+    let messages = members.get("messages")?;
+    let mut messages: Vec<serde_json::Value> = serde_json::from_str(messages.get()).ok()?;
+    let unsigned = |block: &serde_json::Value| {
+        block.get("type").and_then(serde_json::Value::as_str) == Some("thinking")
+            && block.get("signature").and_then(serde_json::Value::as_str) == Some("")
+    };
+    let before = messages.len();
+    let mut removed = false;
+    for message in &mut messages {
+        if let Some(content) = message.get_mut("content").and_then(serde_json::Value::as_array_mut) {
+            let blocks = content.len();
+            content.retain(|block| !unsigned(block));
+            removed |= content.len() != blocks;
+        }
+    }
+    messages.retain(|m| {
+        m.get("content")
+            .and_then(serde_json::Value::as_array)
+            .is_none_or(|c| !c.is_empty())
+    });
+    if !removed && messages.len() == before {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len());
+    let mut w = ObjectWriter::new(&mut out);
+    for (name, value) in &members.0 {
+        if name == "messages" {
+            w.value("messages", &messages);
+        } else {
+            w.member(name, *value);
+        }
+    }
+    w.finish();
+    Some(out)
 }
 
 /// What an answer must hold to be a `message`, and its usage.
@@ -283,5 +334,34 @@ mod tests {
         assert_eq!(count_answer(answer).unwrap(), answer);
         assert!(count_answer(br#"{"type":"message"}"#).is_err());
         assert!(count_answer(b"not json").is_err());
+    }
+
+    #[test]
+    fn only_the_thinking_blocks_anthropic_signed_go_back_to_it() {
+        // A turn a translated provider served (its thinking unsigned), then one Anthropic served.
+        let body = br#"{"model":"claude-x","max_tokens":99,"messages":[{"role":"user","content":"a"},{"role":"assistant","content":[{"type":"thinking","thinking":"mine","signature":""},{"type":"text","text":"b"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"only","signature":""}]},{"role":"user","content":"c"},{"role":"assistant","content":[{"type":"thinking","thinking":"signed","signature":"EqQB"},{"type":"text","text":"d"}]},{"role":"user","content":"e"}],"stream":true}"#;
+        let up = native_request(&provider(), body, &[], "claude-x", "waygate").unwrap();
+        let sent: Value = serde_json::from_slice(&up.body).unwrap();
+        assert_eq!(
+            sent["messages"],
+            serde_json::json!([{"role":"user","content":"a"},{"role":"assistant","content":[{"type":"text","text":"b"}]},
+                {"role":"user","content":"c"},{"role":"assistant","content":[{"type":"thinking","thinking":"signed","signature":"EqQB"},{"type":"text","text":"d"}]},
+                {"role":"user","content":"e"}])
+        );
+        assert!(
+            std::str::from_utf8(&up.body)
+                .unwrap()
+                .starts_with(r#"{"max_tokens":99,"messages":"#),
+            "the other members as they came"
+        );
+        assert_eq!(sent["stream"], true);
+        // Without an unsigned block the body passes byte for byte.
+        let signed = br#"{"max_tokens":99,"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"x","signature":"EqQB"}]}],"model":"claude-x"}"#;
+        assert_eq!(
+            native_request(&provider(), signed, &[], "claude-x", "waygate")
+                .unwrap()
+                .body,
+            signed
+        );
     }
 }

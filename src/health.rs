@@ -5,7 +5,8 @@
 //! Three circuits stand behind each candidate: its provider as a whole
 //! (connect failures, resets, timeouts), the credential it is sent with
 //! (401/403, 429, 5xx) and its endpoint, the provider with the model it is
-//! asked for (404, 5xx). A circuit opens after `failures` consecutive
+//! asked for (404, 429, 5xx; a 429 not when the provider has several keys,
+//! whose others then take the load). A circuit opens after `failures` consecutive
 //! failures, or at once on a 429 that says when to come back
 //! (`retry-after`); it stays open for a cooldown that doubles each time it
 //! opens again without having closed (capped); once the cooldown is over,
@@ -468,16 +469,18 @@ pub struct Change {
 }
 
 /// Which circuits an attempt's outcome fails, or `None` when it proves
-/// them healthy (an answer), or neither (`Some(&[])`).
-fn failing(outcome: Outcome) -> Option<&'static [Scope]> {
+/// them healthy (an answer), or neither (`Some(&[])`). `keys`: how many
+/// credentials the provider holds.
+fn failing(outcome: Outcome, keys: usize) -> Option<&'static [Scope]> {
     match outcome {
         Outcome::Failed => Some(&[Scope::Provider]),
         Outcome::Cut => Some(&[]),
         Outcome::Status(401 | 403) => Some(&[Scope::Credential]),
         Outcome::Status(404) => Some(&[Scope::Endpoint]),
-        // A quota is the key's, not the model's: counted against the
-        // endpoint, one key's 429 would take the provider's other keys out too.
-        Outcome::Status(429) => Some(&[Scope::Credential]),
+        // With several keys a quota is one key's: counted against the
+        // endpoint too, one key's 429 would take the others out with it.
+        Outcome::Status(429) if keys > 1 => Some(&[Scope::Credential]),
+        Outcome::Status(429) => Some(&[Scope::Endpoint, Scope::Credential]),
         Outcome::Status(408 | 500..=599) => Some(&[Scope::Endpoint, Scope::Credential]),
         // The provider answered: a success, or the client's own error (400,
         // 413, 422), which says it is up.
@@ -517,7 +520,12 @@ pub fn report(
             .filter(|(h, _)| h.provider.id == provider.id)
             .collect();
         let clean = ticket.clean.contains(&provider.id);
-        if probes.is_empty() && clean && own.iter().all(|t| failing(t.outcome).is_none_or(<[Scope]>::is_empty)) {
+        if probes.is_empty()
+            && clean
+            && own
+                .iter()
+                .all(|t| failing(t.outcome, t.provider.credential_count).is_none_or(<[Scope]>::is_empty))
+        {
             continue;
         }
         update(store, settings, provider, &own, &probes, now, &mut changes);
@@ -596,7 +604,7 @@ fn apply(
     changed: &mut dyn FnMut(Scope, &str, Option<u64>),
 ) {
     let credential = tried.provider.credential_id.as_str();
-    let Some(failed) = failing(tried.outcome) else {
+    let Some(failed) = failing(tried.outcome, tried.provider.credential_count) else {
         for (scope, name) in scopes(credential, &tried.model) {
             if let Some(c) = board.get_mut(scope, name) {
                 if c.opens > 0 {

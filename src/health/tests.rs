@@ -182,8 +182,14 @@ fn a_429_that_says_when_to_come_back_opens_at_once_for_that_long() {
     let mut limited = tried(&cfg, "a", "m", Outcome::Status(429));
     limited.retry_after_ms = retry_after_ms(Some(" 2 "));
     let changes = report(&mut store, &cfg.health, &[limited], &Ticket::default(), T0);
-    // The key's quota, not the model's: the credential only.
-    assert_eq!(opened(&changes), [("a".into(), Scope::Credential, "0".into(), 2000)]);
+    // One key: its endpoint and its credential (with two, the credential only: below).
+    assert_eq!(
+        opened(&changes),
+        [
+            ("a".into(), Scope::Credential, "0".into(), 2000),
+            ("a".into(), Scope::Endpoint, "m".into(), 2000)
+        ]
+    );
     let list = [("a", "m"), ("b", "m")];
     assert_eq!(order(&mut store, &cfg, &list, T0 + 1999).0, ["b/m", "a/m"]);
     assert_eq!(order(&mut store, &cfg, &list, T0 + 2000).0, ["a/m", "b/m"]);

@@ -641,7 +641,24 @@ fn assert_envelope(status: u16, headers: &[(String, String)], body: &[u8]) -> Re
     prop_assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
     prop_assert!(e["code"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
     prop_assert!(e["type"].as_str().is_some_and(|t| t.ends_with("_error")), "{v}");
-    prop_assert!(e["param"].is_null() || e["param"].is_string(), "{v}");
+    // The envelope's four members, `param` present even when null (a
+    // serializer skipping `None` would drop it, and OpenAI's SDKs read it),
+    // and `provider` (a string) only on a provider's own refusal (contract §4).
+    let mut members: Vec<&str> = e
+        .as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    members.sort_unstable();
+    if e.get("provider").is_some() {
+        prop_assert!(e["provider"].as_str().is_some_and(|p| !p.is_empty()), "{v}");
+        prop_assert_eq!(members, ["code", "message", "param", "provider", "type"], "{}", v);
+    } else {
+        prop_assert_eq!(members, ["code", "message", "param", "type"], "{}", v);
+    }
+    prop_assert!(
+        e["param"].is_null() || e["param"].as_str().is_some_and(|p| !p.is_empty()),
+        "{v}"
+    );
     Ok(())
 }
 

@@ -165,8 +165,9 @@ impl Client {
         routing_field: &str,
     ) -> Option<Result<UpstreamRequest, ApiError>> {
         match self {
-            Client::Count(counted) if provider.api == Api::Anthropic => Some(anthropic::count_request(
+            Client::Count(counted) if provider.api == Api::Anthropic => Some(anthropic::native_request(
                 provider,
+                anthropic::Endpoint::CountTokens,
                 &counted.asked.body,
                 &counted.asked.headers,
                 upstream_model,
@@ -183,6 +184,7 @@ impl Client {
             ))),
             Client::Messages(asked) if self.is_native(provider) => Some(anthropic::native_request(
                 provider,
+                anthropic::Endpoint::Messages,
                 &asked.body,
                 &asked.headers,
                 upstream_model,

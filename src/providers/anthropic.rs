@@ -76,7 +76,7 @@ fn mode(body: &Map<String, Value>) -> Result<Mode, ApiError> {
 }
 
 mod native;
-pub use native::{CLIENT_HEADERS, count_answer, count_request, native_answer, native_request, stream_usage};
+pub use native::{CLIENT_HEADERS, Endpoint, count_answer, native_answer, native_request, stream_usage};
 
 // ---- request ------------------------------------------------------------------
 

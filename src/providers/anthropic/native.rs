@@ -7,7 +7,9 @@
 //!   routing field removed, every other member byte for byte (but for the
 //!   unsigned thinking blocks of turns another provider served, removed from
 //!   `messages`: Anthropic refuses a thinking block it did not sign); the client's
-//!   `anthropic-version` (else [`VERSION`]) and `anthropic-beta` go with it.
+//!   `anthropic-version` (else [`VERSION`]) and `anthropic-beta` go with it,
+//!   to `/messages`, or to `/messages/count_tokens` for a count ([`Endpoint`]).
+//! - [`count_answer`]: the provider's count, as it came.
 //! - [`native_answer`]: the provider's `message` with `model` as the client
 //!   asked, every other member byte for byte, and its usage read.
 //! - [`stream_usage`]: what a stream's event says of usage, for
@@ -27,36 +29,22 @@ use crate::usage::Usage;
 /// its request: the API version it speaks and the betas it asks for.
 pub const CLIENT_HEADERS: [&str; 2] = ["anthropic-version", "anthropic-beta"];
 
-/// The client's Messages request for an Anthropic provider.
+/// Where on an Anthropic provider the client's request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/messages`: the message itself.
+    Messages,
+    /// `/messages/count_tokens`: its input tokens, counted by the provider.
+    CountTokens,
+}
+
+/// The client's Messages request (its body and its `anthropic-*` headers)
+/// for `endpoint` of an Anthropic provider.
 pub fn native_request(
     provider: &Provider,
+    endpoint: Endpoint,
     client_body: &[u8],
     client_headers: &[Header],
-    upstream_model: &str,
-    routing_field: &str,
-) -> Result<UpstreamRequest, ApiError> {
-    let asked = (client_body, client_headers);
-    request_to(provider, "/messages", asked, upstream_model, routing_field)
-}
-
-/// The client's `count_tokens` request for an Anthropic provider, which
-/// counts it itself: as [`native_request`], to `/messages/count_tokens`.
-pub fn count_request(
-    provider: &Provider,
-    client_body: &[u8],
-    client_headers: &[Header],
-    upstream_model: &str,
-    routing_field: &str,
-) -> Result<UpstreamRequest, ApiError> {
-    let asked = (client_body, client_headers);
-    request_to(provider, "/messages/count_tokens", asked, upstream_model, routing_field)
-}
-
-/// The client's body and headers (`asked`) for `endpoint` of an Anthropic provider.
-fn request_to(
-    provider: &Provider,
-    endpoint: &str,
-    (client_body, client_headers): (&[u8], &[Header]),
     upstream_model: &str,
     routing_field: &str,
 ) -> Result<UpstreamRequest, ApiError> {
@@ -73,7 +61,10 @@ fn request_to(
         }
     }
     Ok(UpstreamRequest {
-        path: format!("{}{endpoint}", provider.path_prefix),
+        path: match endpoint {
+            Endpoint::Messages => format!("{}/messages", provider.path_prefix),
+            Endpoint::CountTokens => format!("{}/messages/count_tokens", provider.path_prefix),
+        },
         headers,
         body,
     })
@@ -214,7 +205,15 @@ mod tests {
             "anthropic-beta".to_string(),
             "context-management-2025-06-27".to_string(),
         )];
-        let up = native_request(&provider(), body, &headers, "claude-sonnet-4-5-20250929", "waygate").unwrap();
+        let up = native_request(
+            &provider(),
+            Endpoint::Messages,
+            body,
+            &headers,
+            "claude-sonnet-4-5-20250929",
+            "waygate",
+        )
+        .unwrap();
         let text = std::str::from_utf8(&up.body).unwrap();
         assert!(text.starts_with(r#"{"max_tokens":1024,"system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],"messages":"#), "{text}");
         let sent: Value = serde_json::from_slice(&up.body).unwrap();
@@ -321,7 +320,15 @@ mod tests {
     #[test]
     fn a_count_goes_to_count_tokens_as_the_client_sent_it_and_comes_back_as_it_came() {
         let body = br#"{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"hi"}]}"#;
-        let up = count_request(&provider(), body, &[], "claude-sonnet-4-5-20250929", "waygate").unwrap();
+        let up = native_request(
+            &provider(),
+            Endpoint::CountTokens,
+            body,
+            &[],
+            "claude-sonnet-4-5-20250929",
+            "waygate",
+        )
+        .unwrap();
         assert_eq!(up.path, "/v1/messages/count_tokens");
         assert_eq!(
             std::str::from_utf8(&up.body).unwrap(),
@@ -340,7 +347,7 @@ mod tests {
     fn only_the_thinking_blocks_anthropic_signed_go_back_to_it() {
         // A turn a translated provider served (its thinking unsigned), then one Anthropic served.
         let body = br#"{"model":"claude-x","max_tokens":99,"messages":[{"role":"user","content":"a"},{"role":"assistant","content":[{"type":"thinking","thinking":"mine","signature":""},{"type":"text","text":"b"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"only","signature":""}]},{"role":"user","content":"c"},{"role":"assistant","content":[{"type":"thinking","thinking":"signed","signature":"EqQB"},{"type":"text","text":"d"}]},{"role":"user","content":"e"}],"stream":true}"#;
-        let up = native_request(&provider(), body, &[], "claude-x", "waygate").unwrap();
+        let up = native_request(&provider(), Endpoint::Messages, body, &[], "claude-x", "waygate").unwrap();
         let sent: Value = serde_json::from_slice(&up.body).unwrap();
         assert_eq!(
             sent["messages"],
@@ -358,7 +365,7 @@ mod tests {
         // Without an unsigned block the body passes byte for byte.
         let signed = br#"{"max_tokens":99,"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"x","signature":"EqQB"}]}],"model":"claude-x"}"#;
         assert_eq!(
-            native_request(&provider(), signed, &[], "claude-x", "waygate")
+            native_request(&provider(), Endpoint::Messages, signed, &[], "claude-x", "waygate")
                 .unwrap()
                 .body,
             signed

@@ -266,3 +266,22 @@ fn a_translated_providers_thoughts_come_back_as_thinking_and_never_go_to_anthrop
     assert_eq!(sent["messages"][1]["content"], json!([content[1].clone()]));
     assert_eq!(sent["messages"][2], next["messages"][2]);
 }
+
+#[test]
+fn top_k_reaches_a_gemini_provider_and_is_dropped_for_an_openai_compatible_one() {
+    let gw = Gateway::start();
+    for (model, sent) in [("fakegemini/ok", Some(7)), ("fake/ok", None)] {
+        gw.fakes.clear_received();
+        let body =
+            json!({"model": model, "max_tokens": 50, "top_k": 7, "messages": [{"role": "user", "content": "hi"}]});
+        let r = messages(&gw, &body.to_string(), &[]);
+        assert_eq!(r.status, 200, "{model}: {}", r.text());
+        let got: Value = serde_json::from_slice(&gw.fakes.received()[0].body).unwrap();
+        assert_eq!(
+            got.pointer("/generationConfig/topK").and_then(Value::as_u64),
+            sent,
+            "{model}: {got}"
+        );
+        assert!(got.get("top_k").is_none(), "{model}: {got}");
+    }
+}

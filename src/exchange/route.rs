@@ -40,10 +40,14 @@ impl Plan {
         for candidate in self.candidates.by_ref() {
             let provider = candidate.provider;
             let model = &candidate.upstream_model;
-            let built = (asked
+            let native = asked
                 .client
-                .native_request(&provider, &asked.request, model, routing_field))
-            .unwrap_or_else(|| providers::build_request(&provider, &asked.request, model, routing_field));
+                .native_request(&provider, &asked.request, model, routing_field);
+            let built = native.unwrap_or_else(|| {
+                let mut translated = providers::build_request(&provider, &asked.request, model, routing_field)?;
+                asked.client.carry_over(&provider, &mut translated);
+                Ok(translated)
+            });
             match built {
                 Ok(upstream) => {
                     self.tries_left -= 1;

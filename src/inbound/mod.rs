@@ -202,6 +202,23 @@ impl Client {
         }
     }
 
+    /// What the client's API asked that chat has no member for, added to the
+    /// request translated for `provider` when its API has it: a Messages
+    /// request's `top_k` as Gemini's `topK` (an OpenAI-compatible API has
+    /// none: dropped, as sampling that narrows less keeps the answer's shape, §6).
+    pub fn carry_over(&self, provider: &Provider, upstream: &mut UpstreamRequest) {
+        let Client::Messages(asked) = self else {
+            return;
+        };
+        let Some(top_k) = asked.top_k else {
+            return;
+        };
+        match provider.api {
+            Api::Gemini => gemini::with_top_k(&mut upstream.body, top_k),
+            Api::Openai | Api::Anthropic => log::info!("provider {} cannot express top_k; dropped", provider.id),
+        }
+    }
+
     /// Whether `provider` speaks the client's own API: the request and the
     /// answer then pass natively, with nothing translated.
     pub fn is_native(&self, provider: &Provider) -> bool {

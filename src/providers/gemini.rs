@@ -125,6 +125,23 @@ pub fn count_request(
     })
 }
 
+/// A translated request's body with `generationConfig.topK` set: what the
+/// client's API asked that chat has no member for
+/// ([`crate::inbound::Client::carry_over`]). A body that is not an object
+/// (never: [`build_request`] wrote it) is left as it is.
+pub fn with_top_k(body: &mut Vec<u8>, top_k: u64) {
+    let Ok(Value::Object(mut request)) = serde_json::from_slice::<Value>(body) else {
+        return;
+    };
+    let config = request.entry("generationConfig").or_insert_with(|| json!({}));
+    if let Some(config) = config.as_object_mut() {
+        config.insert("topK".into(), top_k.into());
+    }
+    if let Ok(bytes) = serde_json::to_vec(&Value::Object(request)) {
+        *body = bytes;
+    }
+}
+
 /// What a count must hold.
 #[derive(Deserialize)]
 struct Count {

@@ -56,6 +56,9 @@ pub struct Asked {
     /// Why the request cannot be translated for another provider's API,
     /// when it cannot.
     pub untranslatable: Option<ApiError>,
+    /// `top_k`, which chat has no member for: given to a translated provider
+    /// that has it ([`crate::inbound::Client::carry_over`]).
+    pub top_k: Option<u64>,
 }
 
 /// A Messages request as a chat request's body. `routing_field` is copied.
@@ -119,7 +122,7 @@ pub fn count_request(body: &[u8], routing_field: &str) -> Result<(Vec<u8>, Count
 
 fn translate(request: &Map<String, Value>, routing_field: &str) -> Result<(Vec<u8>, Asked), ApiError> {
     let mut chat = Map::new();
-    let asked = Asked::default();
+    let mut asked = Asked::default();
     let mut messages: Vec<Value> = Vec::new();
     let mut stream = false;
     match request.get("system") {
@@ -142,8 +145,11 @@ fn translate(request: &Map<String, Value>, routing_field: &str) -> Result<(Vec<u
                 chat.insert("stream".into(), value.clone());
             }
             "top_k" => {
-                // Chat has no top-k; sampling narrows less, the answer keeps its shape (§6).
-                log::info!("top_k cannot be expressed over chat; dropped");
+                asked.top_k = Some(
+                    value
+                        .as_u64()
+                        .ok_or_else(|| wrong_type("top_k", "a non-negative integer"))?,
+                );
             }
             "stop_sequences" => {
                 let Value::Array(stops) = value else {

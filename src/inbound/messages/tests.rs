@@ -417,3 +417,38 @@ fn a_providers_reasoning_is_an_unsigned_thinking_block_of_the_message() {
         json!([{"type": "thinking", "thinking": "Two and three.", "signature": ""}, {"type": "text", "text": "5"}])
     );
 }
+
+#[test]
+fn top_k_goes_to_a_gemini_provider_as_top_k_and_nowhere_else() {
+    let request = br#"{"model":"a/b","max_tokens":9,"top_k":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (chat, asked) = to_chat(request, "waygate").unwrap();
+    assert_eq!(asked.top_k, Some(5));
+    let parsed = parse(Operation::Chat, &chat).unwrap();
+    let client = Client::Messages(Box::new(asked));
+    let config = crate::config::Config::parse(
+        br#"{"providers":[{"id":"g","api":"gemini","cluster":"g","authority":"g","api_key":"k"},
+            {"id":"o","api":"openai","cluster":"o","authority":"o","api_key":"k"}]}"#,
+        &|_| None,
+    )
+    .unwrap();
+    let sent = |id: &str| {
+        let provider = config.provider(id).unwrap();
+        let mut up = crate::providers::build_request(provider, &parsed, "m", "waygate").unwrap();
+        client.carry_over(provider, &mut up);
+        serde_json::from_slice::<Value>(&up.body).unwrap()
+    };
+    assert_eq!(sent("g")["generationConfig"]["topK"], 5);
+    assert_eq!(sent("g")["generationConfig"]["maxOutputTokens"], 9);
+    let openai = sent("o");
+    assert!(
+        openai.get("top_k").is_none() && openai.get("topK").is_none(),
+        "{openai}"
+    );
+    assert_eq!(
+        to_chat(br#"{"model":"a/b","max_tokens":9,"top_k":-1,"messages":[]}"#, "waygate")
+            .unwrap_err()
+            .param
+            .as_deref(),
+        Some("top_k")
+    );
+}

@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 
 seconds=${FUZZ_SECONDS:-30}
 all="config request routing build_openai build_anthropic build_gemini answer_openai
-  answer_anthropic answer_gemini sse stream_openai stream_anthropic stream_gemini exchange"
+  answer_anthropic answer_gemini sse stream_openai stream_anthropic stream_gemini exchange inbound"
 targets=${FUZZ_TARGETS:-$all}
 
 ./seed.sh >/dev/null

@@ -13,7 +13,7 @@ fx=../tests/fixtures
 c=corpus
 
 targets="config request routing build_openai build_anthropic build_gemini answer_openai
-  answer_anthropic answer_gemini sse stream_openai stream_anthropic stream_gemini exchange"
+  answer_anthropic answer_gemini sse stream_openai stream_anthropic stream_gemini exchange inbound"
 for t in $targets; do mkdir -p "$c/$t"; done
 
 # seed <target> <name> <prefix as printf escapes> <file>
@@ -88,6 +88,17 @@ for cut in 2 6 18; do
   printf '\x80\x00data: {"choices":[{"index":0,"delta":{"content":"key %s"}}]}\n\ndata: {"choices":[{"index":0,"delta":{"content":"%s!"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n' \
     "${secret:0:$cut}" "${secret:$cut}" > "$c/stream_openai/split_secret_$cut"
 done
+
+# inbound: an API selector (0 Responses, 1 Messages, 2 count; +4 Gemini's stream), a
+# chunk-plan byte, the client's request, 0xff, then the provider's answer or stream.
+inbound() { { printf "$2"; cat "$3"; printf '\xff'; cat "$4"; } > "$c/inbound/$1"; }
+responses_request='{"model":"oa/gpt-5","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"Weather?"}]},{"type":"function_call","call_id":"c1","name":"weather","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"sunny"}],"tools":[{"type":"function","name":"weather","parameters":{"type":"object"}}],"stream":true,"text":{"format":{"type":"json_object"}},"reasoning":{"effort":"low"}}'
+printf '%s' "$responses_request" > "$tmp/responses.json"
+inbound responses_openai '\x00\x00' "$tmp/responses.json" "$fx/openai/chat_completion_stream_parallel_tool_calls.sse"
+inbound responses_answer '\x00\x00' "$tmp/responses.json" "$fx/openai/chat_completion_tool_calls.json"
+inbound messages_openai '\x01\x00' "$fx/anthropic/message_tool_result.request.json" "$fx/openai/chat_completion_stream.sse"
+inbound messages_gemini '\x05\x00' "$fx/anthropic/message_tool_use.request.json" "$fx/gemini/stream_generate_content_thoughts.sse"
+inbound count '\x02\x00' "$fx/anthropic/message.request.json" "$fx/openai/chat_completion.json"
 
 # Inputs that once failed (each has a named regression test in src/, or a note in
 # src/lib.rs where the harness was wrong), replayed as seeds.

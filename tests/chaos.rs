@@ -834,3 +834,38 @@ fn a_worker_whose_vm_trapped_serves_again_with_its_shared_data() {
     );
     assert!(gw.logs().contains("trapping as asked"), "the trap was logged");
 }
+
+/// Envoy's own answers past the filter (a reset after the headers; with
+/// http-call fallback, a timeout after them) reach a Messages client in
+/// Anthropic's envelope: the filter marks the request (`wasm.waygate_api`)
+/// and the shipped local reply mapper reads it.
+#[test]
+fn envoys_own_answers_to_a_messages_client_are_in_anthropics_envelope() {
+    let c = Chaos::start();
+    let messages = |model: &str| {
+        let body = json!({"model": model, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
+        let headers = [("x-api-key", DEV_KEY), ("content-type", "application/json")];
+        c.gw.send("POST", "/api/v1/messages", &headers, body.to_string().as_bytes())
+    };
+    let anthropic = |r: &common::Response, status: u16, says: &str| {
+        assert_eq!(r.status, status, "{}", r.text());
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        let body = r.json();
+        assert_eq!(
+            (body["type"].as_str(), body["error"]["type"].as_str()),
+            (Some("error"), Some("api_error")),
+            "{body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    };
+    anthropic(&messages("raw/close-after-headers"), 502, "cut short");
+    if !common::router_fallback() {
+        // Router fallback's attempt timeout ends when the headers come (see above).
+        anthropic(&messages("rawquick/stall-after-headers"), 504, "(upstream_timeout)");
+    }
+    // A chat client's are in OpenAI's, as before.
+    c.gw.chat(chat("raw/close-after-headers", false))
+        .assert_error(502, "upstream_error", "upstream_error", None);
+    c.assert_healthy();
+}

@@ -96,6 +96,12 @@ pub enum BodyStep {
 /// rate limit descriptors and access log (docs/operating.md "Limits and stats").
 pub const KEY_ID_PROPERTY: &str = "waygate_key_id";
 
+/// The filter state `wasm.waygate_api`: `messages` for a request of the
+/// Messages API, whose errors Envoy's own replies must give in Anthropic's
+/// envelope (docs/contract.md §4 "Errors Envoy answers itself"); unset
+/// otherwise.
+pub const API_PROPERTY: &str = "waygate_api";
+
 /// With router fallback, this request header (value `1`) selects the
 /// route that retries across clusters; that route removes it again.
 pub const ROUTED_HEADER: &str = "x-waygate-routed";

@@ -218,6 +218,11 @@ impl Exchange {
             // Before the request goes on: the rate limit filter after us reads it.
             properties.push((KEY_ID_PROPERTY.into(), key.id.clone()));
         }
+        if matches!(api, ClientApi::Messages | ClientApi::CountTokens) {
+            // For the listener's local reply mapper: Envoy's own answers past the
+            // filter (a reset, a timeout after the headers) in Anthropic's envelope.
+            properties.push((API_PROPERTY.into(), "messages".into()));
+        }
 
         if cfg.fallback == Fallback::Router {
             let mut prepared: Vec<Prepared> = Vec::new();

@@ -176,6 +176,8 @@ impl Client {
             Client::Count(_) if provider.api == Api::Gemini => {
                 Some(gemini::count_request(provider, request, upstream_model, routing_field))
             }
+            // Routing asks only the candidates that count (exchange::route);
+            // any other is a candidate that cannot serve the request.
             Client::Count(_) => Some(Err(ApiError::new(
                 400,
                 ErrorType::InvalidRequest,
@@ -316,14 +318,14 @@ impl ClientStream {
     }
 }
 
-/// Each provider API's recorded streams (`tests/fixtures/`), which the
-/// inbound APIs' tests replay through the whole way.
 /// Whether `provider` counts a request's tokens in its own API (Anthropic's
 /// `count_tokens`, Gemini's `countTokens`); the others' counts are estimated.
 pub fn counts_tokens(provider: &Provider) -> bool {
     matches!(provider.api, Api::Anthropic | Api::Gemini)
 }
 
+/// Each provider API's recorded streams (`tests/fixtures/`), which the
+/// inbound APIs' tests replay through the whole way.
 #[cfg(test)]
 pub(crate) mod recorded {
     use serde_json::Value;

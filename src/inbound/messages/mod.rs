@@ -523,7 +523,8 @@ pub fn to_message(_asked: &Asked, stamp: &Stamp, chat: &[u8]) -> Result<Vec<u8>,
         .and_then(Value::as_str)
         .unwrap_or_default();
     if !thoughts.is_empty() {
-        // Unsigned: only Anthropic signs its thinking (see native::request_body).
+        // Unsigned: only Anthropic signs its thinking (and an Anthropic
+        // provider never gets such a block back: providers::anthropic::native).
         content.push(json!({"type": "thinking", "thinking": thoughts, "signature": ""}));
     }
     let text = message.get("content").and_then(Value::as_str).unwrap_or_default();

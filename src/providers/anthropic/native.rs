@@ -70,16 +70,30 @@ pub fn native_request(
     })
 }
 
-/// A thinking block with an empty signature, as the Messages API's answers
-/// from a translated provider carry (`inbound::messages`).
-const UNSIGNED: &[u8] = br#""signature":"""#;
+/// Whether `body` may hold an empty `signature` (a thinking block the
+/// Messages API's answers from a translated provider carry,
+/// `inbound::messages`): `"signature"`, a colon and `""`, JSON whitespace
+/// allowed between (a client may not write compact JSON).
+fn may_hold_an_unsigned_block(body: &[u8]) -> bool {
+    let is_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    memchr::memmem::find_iter(body, br#""signature""#).any(|at| {
+        let rest = body.get(at + br#""signature""#.len()..).unwrap_or_default();
+        let mut rest = rest.iter().skip_while(|b| is_space(b));
+        rest.next() == Some(&b':') && {
+            let mut value = rest.skip_while(|b| is_space(b));
+            value.next() == Some(&b'"') && value.next() == Some(&b'"')
+        }
+    })
+}
 
 /// The client's body without the thinking blocks no provider signed (a turn
 /// a translated provider served, sent back by the client), a message left
 /// empty by that removed too; `None` when it has none (nearly always: one
 /// search), the body then passing byte for byte.
 fn without_unsigned_thinking(body: &[u8]) -> Option<Vec<u8>> {
-    memchr::memmem::find(body, UNSIGNED)?;
+    if !may_hold_an_unsigned_block(body) {
+        return None;
+    }
     let members = Members::parse(body).ok()?;
     let messages = members.get("messages")?;
     let mut messages: Vec<serde_json::Value> = serde_json::from_str(messages.get()).ok()?;
@@ -87,21 +101,20 @@ fn without_unsigned_thinking(body: &[u8]) -> Option<Vec<u8>> {
         block.get("type").and_then(serde_json::Value::as_str) == Some("thinking")
             && block.get("signature").and_then(serde_json::Value::as_str) == Some("")
     };
-    let before = messages.len();
     let mut removed = false;
-    for message in &mut messages {
-        if let Some(content) = message.get_mut("content").and_then(serde_json::Value::as_array_mut) {
-            let blocks = content.len();
-            content.retain(|block| !unsigned(block));
-            removed |= content.len() != blocks;
+    messages.retain_mut(|message| {
+        let Some(content) = message.get_mut("content").and_then(serde_json::Value::as_array_mut) else {
+            return true;
+        };
+        let blocks = content.len();
+        content.retain(|block| !unsigned(block));
+        if content.len() == blocks {
+            return true;
         }
-    }
-    messages.retain(|m| {
-        m.get("content")
-            .and_then(serde_json::Value::as_array)
-            .is_none_or(|c| !c.is_empty())
+        removed = true;
+        !content.is_empty()
     });
-    if !removed && messages.len() == before {
+    if !removed {
         return None;
     }
     let mut out = Vec::with_capacity(body.len());
@@ -370,5 +383,16 @@ mod tests {
                 .body,
             signed
         );
+        // JSON as Python writes it (spaces after the colons); a message the
+        // client itself sent empty is left to Anthropic's own answer.
+        let spaced = br#"{"model": "claude-x", "messages": [{"role": "user", "content": []}, {"role": "assistant", "content": [{"type": "thinking", "thinking": "mine", "signature" : ""}, {"type": "text", "text": "b"}]}]}"#;
+        let up = native_request(&provider(), Endpoint::Messages, spaced, &[], "claude-x", "waygate").unwrap();
+        let sent: Value = serde_json::from_slice(&up.body).unwrap();
+        assert_eq!(
+            sent["messages"],
+            serde_json::json!([{"role": "user", "content": []}, {"role": "assistant", "content": [{"type": "text", "text": "b"}]}])
+        );
+        assert!(may_hold_an_unsigned_block(br#"{"signature":	""}"#));
+        assert!(!may_hold_an_unsigned_block(br#"{"signature":"EqQB","x":""}"#));
     }
 }
